@@ -1,0 +1,237 @@
+"""HTTP client for a vLLM OpenAI-compatible server, measuring what a user would see.
+
+Streaming requests record every SSE chunk with its arrival time (monotonic clock) and its token ids: with
+speculative decoding one chunk carries several tokens, so anything that counts chunks instead of token ids
+under-reports (FACTS.md, Measuring). Requests always ask for `return_token_ids` and usage in the stream.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+Api = Literal["completions", "chat"]
+
+
+class EndpointError(Exception):
+    """The server could not be reached or answered with an error. `reason` is one line for the report."""
+
+    def __init__(self, reason: str, status_code: int | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.status_code = status_code
+
+
+@dataclass
+class Chunk:
+    t_s: float  # seconds since the request was sent
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class StreamResult:
+    chunks: list[Chunk] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    done: bool = False  # the [DONE] sentinel arrived
+    finish_reason: str | None = None
+    error: str | None = None  # why the stream ended early (cut, stalled, HTTP error)
+    prompt_token_ids: list[int] | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [token for chunk in self.chunks for token in chunk.token_ids]
+
+    @property
+    def text(self) -> str:
+        return "".join(chunk.text for chunk in self.chunks)
+
+    def raw(self) -> dict[str, Any]:
+        """What goes to raw/: enough to recompute every figure."""
+        return {
+            "chunks": [{"t_s": c.t_s, "token_ids": c.token_ids, "text": c.text} for c in self.chunks],
+            "usage": self.usage,
+            "done": self.done,
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str  # e.g. http://127.0.0.1:8000 (no /v1)
+    model: str | None = None  # served model name; discovered from /v1/models when None
+    api_key: str | None = field(default=None, repr=False)  # never printed
+    timeout_s: float = 60.0  # connect and between two chunks: a stream that stalls longer fails
+
+
+class VllmClient:
+    def __init__(self, endpoint: Endpoint, transport: httpx.BaseTransport | None = None):
+        self.endpoint = endpoint
+        headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        self._http = httpx.Client(
+            base_url=endpoint.base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(endpoint.timeout_s),
+            transport=transport,
+        )
+        self._model = endpoint.model
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> VllmClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plain requests -------------------------------------------------------------------------------
+    def get(self, path: str) -> httpx.Response:
+        try:
+            return self._http.get(path)
+        except httpx.HTTPError as error:
+            raise EndpointError(f"GET {path}: {_describe(error)}") from error
+
+    def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = self._http.post(path, json=body)
+        except httpx.HTTPError as error:
+            raise EndpointError(f"POST {path}: {_describe(error)}") from error
+        if response.status_code != 200:
+            raise EndpointError(f"POST {path}: HTTP {response.status_code}: {_error_text(response)}",
+                                response.status_code)
+        try:
+            return response.json()
+        except json.JSONDecodeError as error:
+            raise EndpointError(f"POST {path}: answer is not JSON") from error
+
+    @property
+    def model(self) -> str:
+        """The served model name: the one asked for, else the first /v1/models lists."""
+        if self._model is None:
+            self._model = self.models()[0]
+        return self._model
+
+    def models(self) -> list[str]:
+        response = self.get("/v1/models")
+        if response.status_code != 200:
+            raise EndpointError(f"GET /v1/models: HTTP {response.status_code}: {_error_text(response)}",
+                                response.status_code)
+        names = [entry.get("id") for entry in response.json().get("data", [])]
+        if not names:
+            raise EndpointError("GET /v1/models: the server lists no model")
+        return names
+
+    def metrics_text(self) -> str:
+        response = self.get("/metrics")
+        if response.status_code != 200:
+            raise EndpointError(f"GET /metrics: HTTP {response.status_code}", response.status_code)
+        return response.text
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of `text` as the server's tokenizer sees it (vLLM's /tokenize), no special tokens."""
+        answer = self.post_json("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
+        return list(answer["tokens"])
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return str(self.post_json("/detokenize", {"model": self.model, "tokens": token_ids})["prompt"])
+
+    def request_body(self, api: Api, prompt: str | list[int], max_tokens: int, temperature: float,
+                     ignore_eos: bool = False, stream: bool = False) -> dict[str, Any]:
+        """The one place a generation request is shaped: temperature always explicit, token ids asked for."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "ignore_eos": ignore_eos,
+            "return_token_ids": True,
+        }
+        if api == "chat":
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def complete(self, api: Api, prompt: str | list[int], max_tokens: int, temperature: float = 0.0,
+                 ignore_eos: bool = False) -> dict[str, Any]:
+        """A non-streamed completion or chat completion. Returns the server's JSON answer."""
+        path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+        return self.post_json(path, self.request_body(api, prompt, max_tokens, temperature, ignore_eos))
+
+    # -- streaming ----------------------------------------------------------------------------------
+    def stream(self, api: Api, prompt: str | list[int], max_tokens: int, temperature: float = 0.0,
+               ignore_eos: bool = False) -> StreamResult:
+        """A streamed request, every chunk timed. Never raises for what happens mid-stream: a cut or stalled
+        stream comes back with `error` set and the chunks received so far."""
+        path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+        body = self.request_body(api, prompt, max_tokens, temperature, ignore_eos, stream=True)
+        result = StreamResult()
+        start = time.perf_counter()
+        try:
+            with self._http.stream("POST", path, json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    result.error = f"HTTP {response.status_code}: {_error_text(response)}"
+                    return result
+                for line in response.iter_lines():
+                    now = time.perf_counter() - start
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        result.done = True
+                        break
+                    _ingest(result, json.loads(payload), now)
+        except httpx.ReadTimeout:
+            result.error = f"stream stalled: no data for {self.endpoint.timeout_s:g} s"
+        except httpx.HTTPError as error:
+            result.error = f"stream cut: {_describe(error)}"
+        except json.JSONDecodeError:
+            result.error = "stream cut: a chunk was not valid JSON"
+        if result.error is None and not result.done:
+            result.error = "stream ended without [DONE]"
+        return result
+
+
+def _ingest(result: StreamResult, event: dict[str, Any], t_s: float) -> None:
+    if event.get("usage"):
+        result.usage = event["usage"]
+    if "error" in event and not event.get("choices"):
+        result.error = f"server error in stream: {event['error']}"
+        return
+    for choice in event.get("choices") or []:
+        token_ids = list(choice.get("token_ids") or [])
+        delta = choice.get("delta")
+        text = (delta.get("content") or "") if isinstance(delta, dict) else (choice.get("text") or "")
+        if token_ids or text:
+            result.chunks.append(Chunk(t_s=t_s, token_ids=token_ids, text=text))
+        if choice.get("finish_reason"):
+            result.finish_reason = choice["finish_reason"]
+    if event.get("prompt_token_ids") and result.prompt_token_ids is None:
+        result.prompt_token_ids = list(event["prompt_token_ids"])
+
+
+def _describe(error: httpx.HTTPError) -> str:
+    if isinstance(error, httpx.ConnectError):
+        return "connection refused or host unreachable"
+    if isinstance(error, httpx.TimeoutException):
+        return "timed out"
+    return f"{error.__class__.__name__}: {error}"
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        message = response.json().get("error", response.text)
+        if isinstance(message, dict):
+            message = message.get("message", message)
+        return str(message)[:200]
+    except (json.JSONDecodeError, AttributeError):
+        return response.text[:200]

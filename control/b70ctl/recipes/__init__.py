@@ -1,0 +1,59 @@
+"""Recipes shipped with b70ctl (recipes/data/*.yaml), loaded and validated into `Recipe` models."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from b70ctl.errors import BadInput
+from b70ctl.recipes.model import Claim, Recipe, Workload
+
+__all__ = ["Claim", "Recipe", "Workload", "load_recipe", "load_recipe_file", "recipe_names", "recipe_path"]
+
+
+def _data_dir() -> Path:
+    return Path(str(resources.files("b70ctl.recipes") / "data"))
+
+
+def recipe_names() -> list[str]:
+    return sorted(path.stem for path in _data_dir().glob("*.yaml"))
+
+
+def recipe_path(name: str) -> Path:
+    path = _data_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise BadInput(f"unknown recipe {name!r}: choose one of {', '.join(recipe_names())} (b70ctl recipes list)")
+    return path
+
+
+def _first_error(error: ValidationError) -> str:
+    """One line for the first problem: the field's dotted location and what is wrong with it."""
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{location}: {message}"
+
+
+def load_recipe_file(path: Path) -> Recipe:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as error:
+        raise BadInput(f"recipe file {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise BadInput(f"recipe file {path}: not valid YAML ({error.__class__.__name__}): fix the syntax") from error
+    if not isinstance(data, dict):
+        raise BadInput(f"recipe file {path}: expected a mapping at the top level")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as error:
+        raise BadInput(f"recipe file {path}: {_first_error(error)}") from error
+
+
+def load_recipe(name_or_path: str) -> Recipe:
+    """A shipped recipe by name, or a recipe file by path (anything with a slash or a .yaml suffix)."""
+    if "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
+        return load_recipe_file(Path(name_or_path))
+    return load_recipe_file(recipe_path(name_or_path))

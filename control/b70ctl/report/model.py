@@ -1,0 +1,183 @@
+"""The replication report of one endpoint (report.json): one pydantic model, schema versioned.
+
+Everything `b70ctl verify` measures lands here, next to the raw data's file names (DIR/raw/), so a verdict can
+be audited. The fleet report reads these; older schema versions are upgraded by `upgrade_report_json`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+REPORT_SCHEMA_VERSION = 1
+
+Verdict = Literal["met", "not_met", "not_measured"]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SubCheck(Model):
+    """One pass/fail item with the reason it failed (None when it passed)."""
+
+    name: str
+    passed: bool
+    reason: str | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class SmokeResult(Model):
+    passed: bool
+    checks: list[SubCheck]
+
+
+class PromptComparison(Model):
+    """Greedy output of one prompt against the target-only baseline, compared token id by token id."""
+
+    prompt: str
+    identical: bool
+    tokens_compared: int
+    first_divergence: int | None = Field(None, description="Index of the first differing token id, if any")
+    expected_context: str | None = Field(None, description="Baseline text around the divergence")
+    actual_context: str | None = Field(None, description="Served text around the divergence")
+    expected_token_ids: list[int] = Field(default_factory=list)
+    actual_token_ids: list[int] = Field(default_factory=list)
+
+
+class GarbageFinding(Model):
+    """An output that says the server is serving garbage: empty, degenerate repetition, or a failed probe."""
+
+    prompt: str
+    kind: Literal["empty", "degenerate_repetition", "probe_failed"]
+    detail: str
+
+
+class CorrectnessResult(Model):
+    passed: bool
+    baseline: str = Field(description="Baseline endpoint URL or reference file it was compared with")
+    identical: int
+    total: int
+    identical_fraction: float
+    comparisons: list[PromptComparison]
+    garbage: list[GarbageFinding] = Field(default_factory=list)
+    reason: str | None = None
+
+
+class Summary(Model):
+    """Robust summary of one figure across requests. ci_* is a distribution-free confidence interval for the
+    median (order statistics of the binomial), at `confidence`."""
+
+    n: int
+    median: float
+    min: float
+    max: float
+    mad: float
+    ci_low: float
+    ci_high: float
+    confidence: float = 0.95
+
+
+class RequestSample(Model):
+    """One measured request. Token counts come from the token ids in the stream; usage is the cross-check."""
+
+    decode_tok_s: float | None
+    peak_tok_s: float
+    ttft_s: float
+    prefill_tok_s: float | None = None
+    completion_tokens: int
+    usage_completion_tokens: int | None
+    prompt_tokens: int | None
+    chunks: int
+    raw_file: str | None = Field(None, description="Per-chunk arrival times and token ids, under raw/")
+
+
+class SpecDecodeStats(Model):
+    """From deltas of vLLM's counters around this workload's requests (FACTS.md, Measuring)."""
+
+    num_drafts: float
+    num_draft_tokens: float
+    num_accepted_tokens: float
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    per_position_acceptance: list[float]
+    generation_tokens: float | None = None
+    polluted: bool = False
+    pollution_reason: str | None = None
+
+
+class WorkloadResult(Model):
+    name: str
+    description: str
+    temperature: float
+    max_tokens: int
+    prompt_tokens: int | None = None
+    requests: list[RequestSample]
+    decode_tok_s: Summary | None
+    peak_tok_s: Summary | None
+    ttft_s: Summary | None
+    prefill_tok_s: Summary | None = None
+    converged: bool = Field(description="Median's CI reached the target half-width before the request cap")
+    token_count_mismatches: int = Field(0, description="Requests whose token-id count differs from usage")
+    spec_decode: SpecDecodeStats | None = None
+    error: str | None = None
+
+
+class ThroughputResult(Model):
+    passed: bool
+    workloads: list[WorkloadResult]
+
+
+class ClaimVerdict(Model):
+    claim_id: str
+    description: str
+    metric: str
+    verdict: Verdict
+    measured: float | list[float] | None
+    bound: str = Field(description="What was required, tolerance included, as text")
+    source: str
+    reason: str | None = None
+
+
+class Environment(Model):
+    """What was served and where. Filled from the endpoint itself, and from host facts when verify is given
+    them (the appliance passes --host-facts); every field is optional because a bare endpoint tells little."""
+
+    served_model: str | None = None
+    vllm_version: str | None = None
+    hostname: str | None = None
+    appliance_hash: str | None = None
+    image_digest: str | None = None
+    model_revision: str | None = None
+    drafter_revision: str | None = None
+    kernel: str | None = None
+    xe_guc_firmware: str | None = None
+    xe_huc_firmware: str | None = None
+    compute_runtime: str | None = None
+    gpu_count: int | None = None
+    gpu_model: str | None = None
+    p2p_profile: str | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Report(Model):
+    schema_version: Literal[1] = REPORT_SCHEMA_VERSION
+    tool_version: str
+    recipe: str
+    endpoint: str
+    baseline: str | None = None
+    started_at: datetime
+    finished_at: datetime | None = None
+    partial: bool = Field(False, description="The run stopped before every check finished")
+    partial_reason: str | None = None
+    environment: Environment = Field(default_factory=Environment)
+    smoke: SmokeResult | None = None
+    correctness: CorrectnessResult | None = None
+    throughput: ThroughputResult | None = None
+    measurements: dict[str, float | list[float]] = Field(
+        default_factory=dict, description="Flat figures claims refer to, e.g. throughput.short.decode_tok_s.median"
+    )
+    verdicts: list[ClaimVerdict] = Field(default_factory=list)
+    passed: bool = False
