@@ -1,0 +1,565 @@
+#!/usr/bin/env python3
+"""GPU inventory of one host, read from sysfs/procfs under a root prefix, printed as JSON.
+
+STANDARD LIBRARY ONLY: this very file is installed on hosts as the Ansible local fact
+/etc/ansible/facts.d/b70.fact and run there by the host's own python3 (3.8+), so plays can gate on
+`ansible_local.b70`. `b70ctl host facts` imports the same `collect_facts`, so the CLI and the fact print the
+same JSON. Every path is read below `root` so tests feed real-shaped fixture trees through this code.
+
+What is counted as a GPU: an Intel (0x8086) PCI function of display class 0x03 that is discrete. The on-board
+PCIe switch of a Battlemage card (upstream port 8086:e2ff, downstream ports 8086:e2f0/e2f1) and its audio
+function (8086:e2f7) are never GPUs: they are not display class. Intel's own script counts GPUs with
+`grep -E "e211|e210"` and so misses every B70 (8086:e223); the model table below is by full PCI id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import struct
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+SCHEMA_VERSION = 1
+INTEL_VENDOR_ID = 0x8086
+XE_DRIVER = "xe"
+
+# PCI device id -> (short model, marketing name, die, nominal VRAM GiB). BMG-G31 ids e220-e223, BMG-G21 ids
+# e202, e209, e20b-e20d, e210-e212, e215, e216 (FACTS.md). Unnamed ids keep their die name.
+BATTLEMAGE_MODELS: Dict[int, Tuple[str, str, str, Optional[float]]] = {
+    0xE223: ("B70", "Intel Arc Pro B70", "BMG-G31", 32.0),
+    0xE220: ("BMG-G31", "Intel Battlemage G31", "BMG-G31", None),
+    0xE221: ("BMG-G31", "Intel Battlemage G31", "BMG-G31", None),
+    0xE222: ("BMG-G31", "Intel Battlemage G31", "BMG-G31", None),
+    0xE211: ("B60", "Intel Arc Pro B60", "BMG-G21", 24.0),
+    0xE212: ("B50", "Intel Arc Pro B50", "BMG-G21", 16.0),
+    0xE20B: ("B580", "Intel Arc B580", "BMG-G21", 12.0),
+    0xE20C: ("B570", "Intel Arc B570", "BMG-G21", 10.0),
+}
+for _device_id in (0xE202, 0xE209, 0xE20D, 0xE210, 0xE215, 0xE216):
+    BATTLEMAGE_MODELS[_device_id] = ("BMG-G21", "Intel Battlemage G21", "BMG-G21", None)
+
+# The on-board PCIe switch every Battlemage card carries in front of its GPU: not a GPU, never counted.
+BATTLEMAGE_BOARD_BRIDGE_IDS = frozenset({0xE2FF, 0xE2F0, 0xE2F1})
+
+# PCIe capability "device/port type" (PCIe base spec, Express Capabilities register bits 7:4).
+PORT_TYPES = {
+    0x0: "endpoint",
+    0x1: "legacy_endpoint",
+    0x4: "root_port",
+    0x5: "switch_upstream",
+    0x6: "switch_downstream",
+    0x7: "pcie_to_pci_bridge",
+    0x8: "pci_to_pcie_bridge",
+    0x9: "root_complex_integrated_endpoint",
+    0xA: "root_complex_event_collector",
+}
+
+# ACS Control register bits (PCIe base spec 7.7.8). The kernel's P2PDMA treats a bridge as redirecting
+# peer traffic to the root complex when any of RR, CR or EC is set (pci_bridge_has_acs_redir).
+ACS_SOURCE_VALIDATION = 0x01
+ACS_TRANSLATION_BLOCKING = 0x02
+ACS_REQUEST_REDIRECT = 0x04
+ACS_COMPLETION_REDIRECT = 0x08
+ACS_UPSTREAM_FORWARDING = 0x10
+ACS_EGRESS_CONTROL = 0x20
+ACS_DIRECT_TRANSLATED = 0x40
+ACS_REDIRECT_BITS = ACS_REQUEST_REDIRECT | ACS_COMPLETION_REDIRECT | ACS_EGRESS_CONTROL
+
+PCI_EXT_CAP_ACS = 0x000D
+PCI_CAP_EXPRESS = 0x10
+PCI_CONFIG_EXTENDED_START = 0x100
+
+FIRMWARE_FILES = ("xe/bmg_guc_70.bin", "xe/bmg_huc.bin")
+FIRMWARE_SUFFIXES = ("", ".zst", ".xz")
+GUC_RECOMMENDED = (70, 54, 0)
+
+PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+HOST_BRIDGE_DIR = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+SMALL_BAR_BYTES = 256 * 1024 * 1024
+
+
+# ---------------------------------------------------------------- small readers (I/O at the rim)
+
+def _path(root: str, absolute: str) -> str:
+    return os.path.join(root, absolute.lstrip("/"))
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _read_bytes(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _read_hex(path: str) -> Optional[int]:
+    text = _read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text, 16)
+    except ValueError:
+        return None
+
+
+def _read_int(path: str) -> Optional[int]:
+    text = _read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text, 10)
+    except ValueError:
+        return None
+
+
+def _listdir(path: str) -> List[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _link_name(path: str) -> Optional[str]:
+    """Last component of a symlink's target (e.g. the driver name of `.../driver`), or None."""
+    try:
+        return os.path.basename(os.readlink(path).rstrip("/"))
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------- parsers (pure)
+
+def parse_link_speed_gts(text: Optional[str]) -> Optional[float]:
+    """'16.0 GT/s PCIe' (kernels >= 4.17) or '16 GT/s' -> 16.0; 'Unknown' -> None."""
+    if not text:
+        return None
+    match = re.match(r"^\s*([0-9.]+)\s*GT/s", text)
+    return float(match.group(1)) if match else None
+
+
+def parse_resource_sizes(text: Optional[str]) -> Dict[int, int]:
+    """The `resource` file: one 'start end flags' line (hex) per BAR/ROM; returns {bar index: size in bytes}."""
+    sizes: Dict[int, int] = {}
+    if not text:
+        return sizes
+    for index, line in enumerate(text.splitlines()):
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        try:
+            start, end = int(fields[0], 16), int(fields[1], 16)
+        except ValueError:
+            continue
+        if end > start:
+            sizes[index] = end - start + 1
+    return sizes
+
+
+def parse_resize_sizes_bytes(text: Optional[str]) -> List[int]:
+    """`resourceN_resize`: bitmask of supported BAR sizes, bit n = 2^n MiB (pci_rebar_get_possible_sizes)."""
+    if not text:
+        return []
+    try:
+        mask = int(text, 16)
+    except ValueError:
+        return []
+    return [(1 << bit) * 1024 * 1024 for bit in range(64) if mask & (1 << bit)]
+
+
+def parse_meminfo_total_bytes(text: Optional[str]) -> Optional[int]:
+    if not text:
+        return None
+    match = re.search(r"^MemTotal:\s+(\d+)\s+kB", text, re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def pcie_port_type(config: Optional[bytes]) -> Optional[str]:
+    """Device/port type from the PCI Express capability in config space, or None when not visible."""
+    if not config or len(config) < 64:
+        return None
+    status = struct.unpack_from("<H", config, 0x06)[0]
+    if not status & 0x10:  # no capability list
+        return None
+    pointer = config[0x34] & 0xFC
+    seen = set()
+    while pointer >= 0x40 and pointer + 4 <= len(config) and pointer not in seen:
+        seen.add(pointer)
+        cap_id, next_pointer = config[pointer], config[pointer + 1] & 0xFC
+        if cap_id == PCI_CAP_EXPRESS:
+            flags = struct.unpack_from("<H", config, pointer + 2)[0]
+            kind = (flags >> 4) & 0xF
+            return PORT_TYPES.get(kind, "type_%x" % kind)
+        pointer = next_pointer
+    return None
+
+
+def acs_state(config: Optional[bytes]) -> Dict[str, Any]:
+    """ACS capability and control of a bridge from its config space.
+
+    Extended config space (offset >= 0x100) is only readable by root: as non-root sysfs returns 64 bytes, and
+    then the state is 'unknown'. 'absent' (no ACS capability) redirects nothing.
+    """
+    if not config or len(config) < PCI_CONFIG_EXTENDED_START + 4:
+        return {"state": "unknown", "reason": "extended config space not readable (run as root)"}
+    offset = PCI_CONFIG_EXTENDED_START
+    seen = set()
+    while offset >= PCI_CONFIG_EXTENDED_START and offset + 8 <= len(config) and offset not in seen:
+        seen.add(offset)
+        header = struct.unpack_from("<I", config, offset)[0]
+        if header in (0, 0xFFFFFFFF):
+            break
+        if header & 0xFFFF == PCI_EXT_CAP_ACS:
+            capability, control = struct.unpack_from("<HH", config, offset + 4)
+            redirect = bool(control & ACS_REDIRECT_BITS)
+            return {
+                "state": "redirect" if redirect else "off",
+                "capability": "0x%04x" % capability,
+                "control": "0x%04x" % control,
+                "request_redirect": bool(control & ACS_REQUEST_REDIRECT),
+                "completion_redirect": bool(control & ACS_COMPLETION_REDIRECT),
+                "egress_control": bool(control & ACS_EGRESS_CONTROL),
+                "source_validation": bool(control & ACS_SOURCE_VALIDATION),
+                "upstream_forwarding": bool(control & ACS_UPSTREAM_FORWARDING),
+            }
+        offset = (header >> 20) & 0xFFC
+    return {"state": "absent"}
+
+
+def parse_uc_info(text: Optional[str]) -> Optional[Dict[str, Any]]:
+    """xe debugfs gtN/uc/{guc,huc}_info, as printed by xe_uc_fw_print:
+    'GuC firmware: xe/bmg_guc_70.bin' / '\\tstatus: RUNNING' / '\\twanted release version 70.44.1' /
+    '\\tfound release version 70.49.4' / '\\tfound compatibility version 1.24.0'."""
+    if not text:
+        return None
+    result: Dict[str, Any] = {"source": "debugfs"}
+    header = re.search(r"^(\w+) firmware: (\S*)", text, re.MULTILINE)
+    if header:
+        result["path"] = header.group(2)
+    status = re.search(r"^\s*status: (.+)$", text, re.MULTILINE)
+    if status:
+        result["status"] = status.group(1).strip()
+    for kind, label in (("wanted", "wanted"), ("found", "found")):
+        for match in re.finditer(r"^\s*%s (\w+) version ([0-9.]+)" % label, text, re.MULTILINE):
+            result["%s_%s" % (kind, match.group(1))] = match.group(2)
+    return result if "path" in result or "status" in result else None
+
+
+def parse_css_release_version(blob: Optional[bytes]) -> Optional[str]:
+    """Release version from a CSS-headed uC binary (GuC): sw_version at offset 64, major/minor/patch in bits
+    23:16, 15:8, 7:0. Header integrity checked as the driver does; None for other layouts (GSC/CPD HuC) or
+    compressed files."""
+    if not blob or len(blob) < 128:
+        return None
+    header_size_dw, = struct.unpack_from("<I", blob, 4)
+    key_size_dw, modulus_size_dw, exponent_size_dw = struct.unpack_from("<III", blob, 28)
+    if (header_size_dw - key_size_dw - modulus_size_dw - exponent_size_dw) * 4 != 128:
+        return None
+    sw_version, = struct.unpack_from("<I", blob, 64)
+    return "%d.%d.%d" % ((sw_version >> 16) & 0xFF, (sw_version >> 8) & 0xFF, sw_version & 0xFF)
+
+
+def version_tuple(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+    if not text or not re.match(r"^\d+(\.\d+)*$", text):
+        return None
+    return tuple(int(part) for part in text.split("."))
+
+
+# ---------------------------------------------------------------- PCI tree
+
+def _pci_device(root: str, address: str) -> Dict[str, Any]:
+    """Identity of one PCI function and where it sits in the tree (its resolved /sys/devices path)."""
+    link = _path(root, "/sys/bus/pci/devices/" + address)
+    real = os.path.realpath(link)
+    # Components of /sys/devices/pciDDDD:BB/<bridge>/<bridge>/.../<address>: the chain from the host bridge.
+    devices_dir = os.path.realpath(_path(root, "/sys/devices"))
+    relative = os.path.relpath(real, devices_dir).split(os.sep)
+    host_bridge = relative[0] if relative and HOST_BRIDGE_DIR.match(relative[0]) else None
+    ancestors = [part for part in relative[1:-1] if PCI_ADDRESS.match(part)]
+    vendor = _read_hex(os.path.join(real, "vendor"))
+    device = _read_hex(os.path.join(real, "device"))
+    pci_class = _read_hex(os.path.join(real, "class"))
+    return {
+        "address": address,
+        "sysfs_path": "/" + os.path.relpath(real, os.path.realpath(root)),
+        "real": real,
+        "vendor": vendor,
+        "device": device,
+        "class": pci_class,
+        "pci_id": "%04x:%04x" % (vendor, device) if vendor is not None and device is not None else None,
+        "host_bridge": host_bridge,
+        "ancestors": ancestors,
+        "config": _read_bytes(os.path.join(real, "config")),
+    }
+
+
+def _link(real: str) -> Dict[str, Any]:
+    current_speed = _read_text(os.path.join(real, "current_link_speed"))
+    max_speed = _read_text(os.path.join(real, "max_link_speed"))
+    return {
+        "current_speed": current_speed,
+        "current_speed_gts": parse_link_speed_gts(current_speed),
+        "current_width": _read_int(os.path.join(real, "current_link_width")),
+        "max_speed": max_speed,
+        "max_speed_gts": parse_link_speed_gts(max_speed),
+        "max_width": _read_int(os.path.join(real, "max_link_width")),
+    }
+
+
+def _bridge_entry(root: str, address: str) -> Dict[str, Any]:
+    bridge = _pci_device(root, address)
+    port_type = pcie_port_type(bridge["config"])
+    on_board = bridge["vendor"] == INTEL_VENDOR_ID and bridge["device"] in BATTLEMAGE_BOARD_BRIDGE_IDS
+    return {
+        "address": address,
+        "pci_id": bridge["pci_id"],
+        "port_type": port_type,
+        "on_board": on_board,
+        "driver": _link_name(os.path.join(bridge["real"], "driver")),
+        "acs": acs_state(bridge["config"]),
+        "link": _link(bridge["real"]),
+    }
+
+
+def _bar(real: str, model_vram_gib: Optional[float]) -> Dict[str, Any]:
+    """BAR 2 is the VRAM aperture of Intel discrete GPUs: 256 MiB = small BAR, VRAM-sized = resizable BAR on."""
+    sizes = parse_resource_sizes(_read_text(os.path.join(real, "resource")))
+    vram_bar_bytes = sizes.get(2)
+    supported = parse_resize_sizes_bytes(_read_text(os.path.join(real, "resource2_resize")))
+    if vram_bar_bytes is None:
+        state = "unknown"
+    elif vram_bar_bytes <= SMALL_BAR_BYTES:
+        state = "small"
+    elif model_vram_gib is not None and vram_bar_bytes < model_vram_gib * 1024 ** 3:
+        state = "partial"
+    else:
+        state = "full"
+    return {
+        "vram_bar_bytes": vram_bar_bytes,
+        "resizable_bar": state,
+        "resizable_sizes_supported_bytes": supported or None,
+    }
+
+
+def _vram_bytes(real: str) -> Optional[int]:
+    """xe publishes physical VRAM per tile (tileN/physical_vram_size_bytes, newer kernels under tileN/memory/)."""
+    total = 0
+    for entry in _listdir(real):
+        if not re.match(r"^tile\d+$", entry):
+            continue
+        for candidate in ("physical_vram_size_bytes", "memory/physical_vram_size_bytes"):
+            value = _read_int(os.path.join(real, entry, candidate))
+            if value:
+                total += value
+                break
+    return total or None
+
+
+def _drm_nodes(root: str) -> Dict[str, Dict[str, str]]:
+    """Map resolved PCI device path -> {'card': 'card0', 'render': 'renderD128'} from /sys/class/drm."""
+    nodes: Dict[str, Dict[str, str]] = {}
+    drm_dir = _path(root, "/sys/class/drm")
+    for name in _listdir(drm_dir):
+        kind = "card" if re.match(r"^card\d+$", name) else "render" if re.match(r"^renderD\d+$", name) else None
+        if kind is None:
+            continue  # connectors (card0-DP-1) and the version file
+        device = os.path.realpath(os.path.join(drm_dir, name, "device"))
+        nodes.setdefault(device, {})[kind] = name
+    return nodes
+
+
+def _by_path_names(root: str, address: str) -> List[str]:
+    prefix = "pci-%s-" % address
+    return [name for name in _listdir(_path(root, "/dev/dri/by-path")) if name.startswith(prefix)]
+
+
+def _uc_firmware(root: str, address: str, card: Optional[str]) -> Optional[Dict[str, Any]]:
+    """GuC/HuC state from debugfs (root only, mounted at /sys/kernel/debug). The per-device directory is named by
+    PCI address on current kernels; older ones use the DRM minor number."""
+    candidates = [address]
+    if card:
+        candidates.append(card[len("card"):])
+    for directory in candidates:
+        base = _path(root, "/sys/kernel/debug/dri/%s/gt0/uc" % directory)
+        guc = parse_uc_info(_read_text(os.path.join(base, "guc_info")))
+        huc = parse_uc_info(_read_text(os.path.join(base, "huc_info")))
+        if guc or huc:
+            return {"guc": guc, "huc": huc}
+    return None
+
+
+def _firmware_files(root: str) -> Dict[str, Any]:
+    files: Dict[str, Any] = {}
+    for name in FIRMWARE_FILES:
+        entry: Dict[str, Any] = {"present": False, "file": None, "size_bytes": None, "release_version": None}
+        for suffix in FIRMWARE_SUFFIXES:
+            path = _path(root, "/lib/firmware/" + name + suffix)
+            if os.path.isfile(path):
+                entry.update(present=True, file=name + suffix, size_bytes=os.path.getsize(path))
+                if not suffix:
+                    entry["release_version"] = parse_css_release_version(_read_bytes(path))
+                break
+        files[name] = entry
+    return files
+
+
+def classify_integrated(host_bridge: Optional[str], ancestors: List[str], port_type: Optional[str]) -> Tuple[bool, str]:
+    """An integrated GPU is part of the root complex: the PCIe capability says 'Root Complex Integrated
+    Endpoint' (Intel iGPUs at 00:02.0 do), or, when config space is not visible, the function sits directly on
+    the host bridge's root bus with no bridge above it. A discrete card always sits behind at least a root port
+    (a B70 behind three bridges: root port, its on-board upstream and downstream ports)."""
+    if port_type == "root_complex_integrated_endpoint":
+        return True, "PCIe port type is root complex integrated endpoint"
+    if port_type is not None:
+        return False, "PCIe port type %s" % port_type
+    if host_bridge is not None and not ancestors:
+        return True, "on the root bus of %s with no bridge above it" % host_bridge
+    return False, "behind %d PCI bridge(s)" % len(ancestors)
+
+
+def _gpu_entry(root: str, device: Dict[str, Any], drm: Dict[str, Dict[str, str]]) -> Dict[str, Any]:
+    real = device["real"]
+    device_id = device["device"]
+    model = BATTLEMAGE_MODELS.get(device_id) if device_id is not None else None
+    short, marketing, die, vram_gib = model if model else ("unknown", "unknown Intel GPU", None, None)
+    port_type = pcie_port_type(device["config"])
+    integrated, integrated_reason = classify_integrated(device["host_bridge"], device["ancestors"], port_type)
+    driver = _link_name(os.path.join(real, "driver"))
+    numa_node = _read_int(os.path.join(real, "numa_node"))
+    nodes = drm.get(real, {})
+    bridges = [_bridge_entry(root, address) for address in device["ancestors"]]
+    on_board = [bridge for bridge in bridges if bridge["on_board"]]
+    # Behind the card's own switch the GPU's link is virtual (lspci shows 2.5GT/s, cosmetic): the slot link that
+    # matters is the card's upstream port's, the topmost on-board bridge.
+    slot_link = on_board[0]["link"] if on_board else _link(real)
+    return {
+        "pci_address": device["address"],
+        "pci_id": device["pci_id"],
+        "class": "0x%06x" % device["class"],
+        "revision": _read_text(os.path.join(real, "revision")),
+        "subsystem_id": "%s:%s" % (
+            (_read_text(os.path.join(real, "subsystem_vendor")) or "?").replace("0x", ""),
+            (_read_text(os.path.join(real, "subsystem_device")) or "?").replace("0x", ""),
+        ),
+        "model": short,
+        "marketing_name": marketing,
+        "die": die,
+        "known_model": model is not None,
+        "integrated": integrated,
+        "integrated_reason": integrated_reason,
+        "pcie_port_type": port_type,
+        "driver": driver,
+        "driver_bound": driver is not None,
+        "xe_bound": driver == XE_DRIVER,
+        "numa_node": numa_node if numa_node is not None and numa_node >= 0 else None,
+        "link": _link(real),
+        "slot_link": slot_link,
+        "bar": _bar(real, vram_gib),
+        "vram_bytes": _vram_bytes(real),
+        "vram_gib_nominal": vram_gib,
+        "host_bridge": device["host_bridge"],
+        "sysfs_path": device["sysfs_path"],
+        "parent_bridges": bridges,
+        "card": nodes.get("card"),
+        "render": nodes.get("render"),
+        "dev_nodes": ["/dev/dri/" + nodes[kind] for kind in ("card", "render") if kind in nodes],
+        "by_path": _by_path_names(root, device["address"]),
+        "firmware": _uc_firmware(root, device["address"], nodes.get("card")),
+    }
+
+
+def _warnings(gpus: List[Dict[str, Any]], firmware_files: Dict[str, Any]) -> List[str]:
+    warnings = []
+    for gpu in gpus:
+        where = "%s %s" % (gpu["model"], gpu["pci_address"])
+        if not gpu["driver_bound"]:
+            warnings.append("%s: no driver bound (load the xe module: modprobe xe; check dmesg for firmware)" % where)
+        elif not gpu["xe_bound"]:
+            warnings.append("%s: bound to %s, not xe (blacklist %s or set xe.force_probe)" % (
+                where, gpu["driver"], gpu["driver"]))
+        if gpu["bar"]["resizable_bar"] in ("small", "partial"):
+            warnings.append("%s: VRAM BAR is %d MiB: enable Resizable BAR (and Above 4G decoding) in the firmware "
+                            "setup" % (where, (gpu["bar"]["vram_bar_bytes"] or 0) // 2 ** 20))
+        slot = gpu["slot_link"]
+        if slot["current_width"] and slot["max_width"] and slot["current_width"] < slot["max_width"]:
+            warnings.append("%s: slot link x%d of x%d: reseat the card or use a full-width slot" % (
+                where, slot["current_width"], slot["max_width"]))
+        guc = (gpu["firmware"] or {}).get("guc") or {}
+        found = version_tuple(guc.get("found_release"))
+        if found and found < GUC_RECOMMENDED:
+            warnings.append("%s: GuC %s loaded, %s+ recommended: update /lib/firmware/xe" % (
+                where, guc.get("found_release"), ".".join(map(str, GUC_RECOMMENDED[:2]))))
+    if gpus and not all(entry["present"] for entry in firmware_files.values()):
+        missing = [name for name, entry in firmware_files.items() if not entry["present"]]
+        warnings.append("firmware missing under /lib/firmware: %s (install the linux-firmware of the installer)"
+                        % ", ".join(missing))
+    return warnings
+
+
+def collect_facts(root: str = "/") -> Dict[str, Any]:
+    """Everything the plays and `b70ctl host` need about this host's GPUs, as a JSON-able dict."""
+    drm = _drm_nodes(root)
+    discrete: List[Dict[str, Any]] = []
+    integrated: List[Dict[str, Any]] = []
+    for address in _listdir(_path(root, "/sys/bus/pci/devices")):
+        if not PCI_ADDRESS.match(address):
+            continue
+        device = _pci_device(root, address)
+        if device["vendor"] != INTEL_VENDOR_ID or device["class"] is None or device["class"] >> 16 != 0x03:
+            continue  # not an Intel display-class function (bridges e2f0/e2ff and audio e2f7 end here)
+        entry = _gpu_entry(root, device, drm)
+        (integrated if entry["integrated"] else discrete).append(entry)
+    for index, gpu in enumerate(discrete):
+        gpu["index"] = index
+    # Level Zero enumerates only devices a driver exposes, in PCI order: that index is what ZE_AFFINITY_MASK
+    # and ze_peer -s/-d take.
+    for level_zero_index, gpu in enumerate(gpu for gpu in discrete if gpu["xe_bound"]):
+        gpu["level_zero_index"] = level_zero_index
+    for gpu in discrete:
+        gpu.setdefault("level_zero_index", None)
+    count_by_model: Dict[str, int] = {}
+    for gpu in discrete:
+        count_by_model[gpu["model"]] = count_by_model.get(gpu["model"], 0) + 1
+    firmware_files = _firmware_files(root)
+    ram_total_bytes = parse_meminfo_total_bytes(_read_text(_path(root, "/proc/meminfo")))
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "root": root,
+        "kernel_release": _read_text(_path(root, "/proc/sys/kernel/osrelease")),
+        "ram_total_bytes": ram_total_bytes,
+        "ram_total_gib": round(ram_total_bytes / 1024 ** 3, 2) if ram_total_bytes else None,
+        "xe_module_loaded": os.path.isdir(_path(root, "/sys/module/xe")),
+        "gpu_count": len(discrete),
+        "gpu_count_xe_bound": sum(1 for gpu in discrete if gpu["xe_bound"]),
+        "gpu_count_by_model": count_by_model,
+        "gpu_pci_ids": sorted({gpu["pci_id"] for gpu in discrete}),
+        "gpus": discrete,
+        "integrated_gpus": integrated,
+        "firmware_files": firmware_files,
+        "warnings": _warnings(discrete, firmware_files),
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="Print this host's Intel GPU inventory as JSON (Ansible fact).")
+    parser.add_argument("--root", default="/", help="root prefix of the sysfs/procfs tree to read (default /)")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.root):
+        sys.stderr.write("error: --root %s is not a directory: give the root of a sysfs tree\n" % args.root)
+        return 2
+    sys.stdout.write(json.dumps(collect_facts(args.root), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
