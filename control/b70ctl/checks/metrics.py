@@ -1,0 +1,194 @@
+"""vLLM's Prometheus counters: snapshots, deltas, and the speculative-decoding figures derived from them.
+
+The counters (FACTS.md, Measuring) are cumulative and server-wide, so a figure is only ours if it is a delta
+around our own requests and nothing else ran in between. What vLLM counts, as read from its source (0.32) and
+checked against a real CPU server:
+- vllm:generation_tokens_total grows by the output tokens of every request, after truncation at max_tokens or a
+  stop: for our requests the delta equals the sum of usage.completion_tokens, exactly. More than that means other
+  traffic (pollution); less means the counters went backwards (a restarted server).
+- The spec-decode counters count drafts as verified, BEFORE truncation: the last draft of a request may be
+  accepted beyond max_tokens. So they cannot be matched token for token with the output; only the generation
+  tokens can tell pollution.
+- The counters are recorded in the same event-loop step that hands the output to the request, before the request
+  sees it, so a snapshot taken after our last [DONE] includes it. We still re-read once when the generation
+  count is short, in case a future vLLM records later.
+Label sets (engine per data-parallel rank, model_name) are summed, keeping the served model's when given.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from b70ctl.checks.client import EndpointError, VllmClient
+from b70ctl.report.model import SpecDecodeStats
+
+NUM_DRAFTS = "vllm:spec_decode_num_drafts_total"
+NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+NUM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+_SUMMED = (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, GENERATION_TOKENS)
+
+
+class MetricsUnavailable(Exception):
+    """/metrics could not be read or parsed. `reason` is one line for the report."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """The counters we use, summed over label sets. None: the server does not export that counter (a server
+    without speculation has no spec_decode_* counters)."""
+
+    num_drafts: float | None
+    num_draft_tokens: float | None
+    num_accepted_tokens: float | None
+    generation_tokens: float | None
+    accepted_per_position: dict[int, float] = field(default_factory=dict)
+    text: str = field(default="", repr=False)  # the exposition as read, kept for raw/
+
+    @property
+    def has_spec_decode(self) -> bool:
+        return self.num_drafts is not None and self.num_draft_tokens is not None \
+            and self.num_accepted_tokens is not None
+
+
+@dataclass(frozen=True)
+class MetricsDelta:
+    num_drafts: float | None
+    num_draft_tokens: float | None
+    num_accepted_tokens: float | None
+    generation_tokens: float | None
+    accepted_per_position: dict[int, float]
+
+
+def parse_metrics(text: str, model_name: str | None = None) -> MetricsSnapshot:
+    """Parse a Prometheus text exposition. Samples labelled with another model_name are left out when
+    `model_name` is given and the server labels by model at all."""
+    try:
+        samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    except (ValueError, TypeError, IndexError) as error:
+        raise MetricsUnavailable(f"/metrics is not a Prometheus text exposition: {error}") from error
+    wanted = set(_SUMMED) | {ACCEPTED_PER_POSITION}
+    ours = [s for s in samples if s.name in wanted]
+    if model_name is not None and any(s.labels.get("model_name") == model_name for s in ours):
+        ours = [s for s in ours if s.labels.get("model_name") in (model_name, None)]
+    totals: dict[str, float] = {}
+    per_position: dict[int, float] = {}
+    for sample in ours:
+        if sample.name == ACCEPTED_PER_POSITION:
+            try:
+                position = int(sample.labels["position"])
+            except (KeyError, ValueError) as error:
+                raise MetricsUnavailable(f"{ACCEPTED_PER_POSITION} without a numeric position label") from error
+            per_position[position] = per_position.get(position, 0.0) + sample.value
+        else:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return MetricsSnapshot(
+        num_drafts=totals.get(NUM_DRAFTS),
+        num_draft_tokens=totals.get(NUM_DRAFT_TOKENS),
+        num_accepted_tokens=totals.get(NUM_ACCEPTED_TOKENS),
+        generation_tokens=totals.get(GENERATION_TOKENS),
+        accepted_per_position=dict(sorted(per_position.items())),
+        text=text,
+    )
+
+
+def snapshot(client: VllmClient, model_name: str | None = None) -> MetricsSnapshot:
+    """Read and parse the server's /metrics. Raises MetricsUnavailable with the reason."""
+    try:
+        text = client.metrics_text()
+    except EndpointError as error:
+        raise MetricsUnavailable(error.reason) from error
+    result = parse_metrics(text, model_name)
+    if result.generation_tokens is None:
+        raise MetricsUnavailable(f"/metrics has no {GENERATION_TOKENS}: not a vLLM server, or its stats are off")
+    return result
+
+
+def snapshot_after(client: VllmClient, before: MetricsSnapshot, expected_generation_tokens: float,
+                   model_name: str | None = None, settle_s: float = 1.0,
+                   sleep: Callable[[float], None] = time.sleep) -> MetricsSnapshot:
+    """The snapshot after our requests. Re-reads for up to `settle_s` while the generation count is still short
+    of what we received, so a server that records late is not mistaken for a reset."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        after = snapshot(client, model_name)
+        counted = (after.generation_tokens or 0.0) - (before.generation_tokens or 0.0)
+        if counted >= expected_generation_tokens or time.monotonic() >= deadline:
+            return after
+        sleep(0.1)
+
+
+def _minus(after: float | None, before: float | None) -> float | None:
+    if after is None or before is None:
+        return None
+    return after - before
+
+
+def delta(before: MetricsSnapshot, after: MetricsSnapshot) -> MetricsDelta:
+    positions = sorted(set(before.accepted_per_position) | set(after.accepted_per_position))
+    return MetricsDelta(
+        num_drafts=_minus(after.num_drafts, before.num_drafts),
+        num_draft_tokens=_minus(after.num_draft_tokens, before.num_draft_tokens),
+        num_accepted_tokens=_minus(after.num_accepted_tokens, before.num_accepted_tokens),
+        generation_tokens=_minus(after.generation_tokens, before.generation_tokens),
+        accepted_per_position={
+            p: after.accepted_per_position.get(p, 0.0) - before.accepted_per_position.get(p, 0.0) for p in positions
+        },
+    )
+
+
+def spec_decode_stats(before: MetricsSnapshot, after: MetricsSnapshot,
+                      expected_generation_tokens: float) -> SpecDecodeStats | None:
+    """Acceptance figures from the counter deltas around our requests; None when the server does not speculate.
+
+    `expected_generation_tokens` is what our own requests generated (sum of usage.completion_tokens); the
+    generation-token delta is compared with it to tell whether other traffic ran meanwhile."""
+    if not (before.has_spec_decode and after.has_spec_decode):
+        return None
+    change = delta(before, after)
+    drafts = change.num_drafts or 0.0
+    draft_tokens = change.num_draft_tokens or 0.0
+    accepted = change.num_accepted_tokens or 0.0
+    polluted, reason = _pollution(change, expected_generation_tokens)
+    return SpecDecodeStats(
+        num_drafts=drafts,
+        num_draft_tokens=draft_tokens,
+        num_accepted_tokens=accepted,
+        acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
+        mean_acceptance_length=1 + accepted / drafts if drafts > 0 else None,
+        per_position_acceptance=[value / drafts for value in change.accepted_per_position.values()]
+        if drafts > 0 else [],
+        generation_tokens=change.generation_tokens,
+        polluted=polluted,
+        pollution_reason=reason,
+    )
+
+
+def _pollution(change: MetricsDelta, expected_generation_tokens: float) -> tuple[bool, str | None]:
+    counters = (change.num_drafts, change.num_draft_tokens, change.num_accepted_tokens, change.generation_tokens,
+                *change.accepted_per_position.values())
+    if any(value is not None and value < 0 for value in counters):
+        return True, "counters went backwards between the snapshots: the server restarted during the run"
+    generated = change.generation_tokens
+    if generated is None:
+        return True, f"/metrics has no {GENERATION_TOKENS}: cannot tell our tokens from other traffic"
+    if generated > expected_generation_tokens:
+        return True, (
+            f"the server generated {generated:g} tokens during the run but our requests received "
+            f"{expected_generation_tokens:g}: other traffic shared the server, the counters are not ours alone"
+        )
+    if generated < expected_generation_tokens:
+        return True, (
+            f"the server counted {generated:g} generated tokens but our requests received "
+            f"{expected_generation_tokens:g}: its counters are not the ones that served us (restart or a proxy?)"
+        )
+    return False, None
