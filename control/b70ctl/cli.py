@@ -17,6 +17,9 @@ from b70ctl.recipes import load_recipe, recipe_names
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 recipes_app = typer.Typer(no_args_is_help=True, help="The recipes b70ctl ships.")
 app.add_typer(recipes_app, name="recipes")
+app.add_typer(__import__("b70ctl.lock.cli", fromlist=["app"]).app, name="lock")
+app.add_typer(__import__("b70ctl.models.cli", fromlist=["app"]).app, name="model")
+app.add_typer(__import__("b70ctl.host.cli", fromlist=["app"]).app, name="host")
 
 console = Console(stderr=True)
 

@@ -1,0 +1,100 @@
+"""`b70ctl lock ...`: resolve, show the appliance hash, check a host against the lock."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from b70ctl.errors import BadInput
+from b70ctl.lock.check import check_installed
+from b70ctl.lock.model import appliance_hash, load_recipe_and_lock
+from b70ctl.lock.resolve import resolve_and_write
+
+app = typer.Typer(no_args_is_help=True, help="The lock: what each recipe resolves to, pinned.")
+console = Console(stderr=True)
+
+RecipeOption = Annotated[str, typer.Option("--recipe", help="Recipe name or path to a recipe file")]
+LockOption = Annotated[Optional[Path], typer.Option("--lock", help="Lock file (default: beside the recipe)")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON")]
+
+
+def _print_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+@app.command("resolve")
+def resolve_command(
+    recipe: RecipeOption,
+    lock: LockOption = None,
+    registry_url: Annotated[Optional[str], typer.Option(
+        "--registry-url", help="Ask this registry base URL for every image (mirror; tests)")] = None,
+    offline: Annotated[bool, typer.Option(
+        "--offline", help="Ask no hub or registry: pin local inputs, keep unchanged network pins")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Ask the hub (HF_ENDPOINT) and the registry what the recipe points at now and write the lock."""
+    loaded, outcome = resolve_and_write(recipe, lock_path=lock, registry_url=registry_url, offline=offline)
+    result = outcome.as_json(loaded)
+    if as_json:
+        _print_json(result)
+    else:
+        state = "resolved" if outcome.lock.resolved else "NOT resolved"
+        console.print(f"{outcome.lock_path}: {state}, {'written' if outcome.written else 'unchanged'}",
+                      highlight=False)
+        for change in outcome.changes:
+            console.print(f"  {change}", highlight=False)
+        Console().print(result["appliance_hash"], highlight=False)
+    if outcome.unresolved and not offline:
+        first_name, first_reason = next(iter(outcome.unresolved.items()))
+        kept = " (the resolved lock on disk was kept)" if outcome.kept_previous else ""
+        raise BadInput(f"{first_name}: {first_reason}{kept}")
+
+
+@app.command("hash")
+def hash_command(recipe: RecipeOption, lock: LockOption = None, as_json: JsonOption = False) -> None:
+    """Print the appliance hash: sha256 of the recipe and its lock (same pinned inputs -> same hash)."""
+    loaded, locked, path = load_recipe_and_lock(recipe, lock)
+    digest = appliance_hash(loaded, locked)
+    if as_json:
+        _print_json({"recipe": loaded.name, "lock": str(path), "resolved": locked.resolved,
+                     "appliance_hash": digest})
+        return
+    if not locked.resolved:
+        console.print(f"warning: the lock for {loaded.name} is not resolved; this hash pins nothing downloadable",
+                      highlight=False)
+    Console().print(digest, highlight=False)
+
+
+@app.command("check")
+def check_command(
+    recipe: RecipeOption,
+    lock: LockOption = None,
+    models_dir: Annotated[Optional[Path], typer.Option(
+        "--models-dir", help="Directory holding target/ and drafter/ (as b70ctl model fetch writes it)")] = None,
+    target_dir: Annotated[Optional[Path], typer.Option("--target-dir", help="The target's directory")] = None,
+    drafter_dir: Annotated[Optional[Path], typer.Option("--drafter-dir", help="The drafter's directory")] = None,
+    image_digest: Annotated[Optional[str], typer.Option(
+        "--image-digest", help="Digest of the installed image (pulled images)")] = None,
+    image_base_digest: Annotated[Optional[str], typer.Option(
+        "--image-base-digest", help="Base digest label of the installed image (built images)")] = None,
+) -> None:
+    """Compare what is installed with the lock; print the drift as JSON. Exit 1 on drift."""
+    loaded, locked, _ = load_recipe_and_lock(recipe, lock)
+    dirs: dict[str, Path] = {}
+    if models_dir is not None:
+        dirs = {"target": models_dir / "target", "drafter": models_dir / "drafter"}
+    if target_dir is not None:
+        dirs["target"] = target_dir
+    if drafter_dir is not None:
+        dirs["drafter"] = drafter_dir
+    if not dirs and image_digest is None and image_base_digest is None:
+        raise BadInput("nothing to check: give --models-dir, --target-dir/--drafter-dir or --image-digest")
+    report = check_installed(loaded, locked, dirs, image_digest, image_base_digest)
+    _print_json(report.model_dump(mode="json"))
+    if not report.ok:
+        raise typer.Exit(1)
