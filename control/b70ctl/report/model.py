@@ -122,6 +122,7 @@ class WorkloadResult(Model):
     converged: bool = Field(description="Median's CI reached the target half-width before the request cap")
     token_count_mismatches: int = Field(0, description="Requests whose token-id count differs from usage")
     spec_decode: SpecDecodeStats | None = None
+    metrics_error: str | None = Field(None, description="Why /metrics could not give the spec-decode figures")
     error: str | None = None
 
 
