@@ -1,0 +1,124 @@
+"""`b70ctl host ...`: what this host's hardware is, how its GPUs connect, and whether a recipe fits it.
+
+Every command reads under --root (default /) so it runs the same on a host and on a fixture tree. --json prints
+what Ansible consumes (`changed` where something is written); without it a table for people.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from b70ctl.errors import BadInput
+from b70ctl.host.facts import collect_facts
+from b70ctl.host.memory import KV_CACHE_GIB_MIN, host_fit
+from b70ctl.host.topology import PROFILE_CHOICES, TOPOLOGY_PATH, topology
+from b70ctl.recipes import load_recipe
+
+app = typer.Typer(no_args_is_help=True, help="Host hardware: GPU inventory, PCIe P2P topology, memory fit.")
+
+RootOption = Annotated[str, typer.Option("--root", help="Root prefix of the sysfs/procfs tree to read")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON")]
+
+
+def _check_root(root: str) -> None:
+    if not os.path.isdir(root):
+        raise BadInput(f"--root {root} is not a directory: give the root of a sysfs tree (default /)")
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def _gib(value: int | None) -> str:
+    return f"{value / 1024 ** 3:.0f} GiB" if value else "-"
+
+
+@app.command("facts")
+def facts_command(root: RootOption = "/", as_json: JsonOption = False) -> None:
+    """Intel GPUs by PCI id, driver binding, DRM nodes, links, BAR, firmware; kernel and RAM."""
+    _check_root(root)
+    facts = collect_facts(root)
+    if as_json:
+        _print_json(facts)
+        return
+    out = Console()
+    out.print(f"kernel {facts['kernel_release'] or '?'}, RAM {facts['ram_total_gib'] or '?'} GiB, "
+              f"{facts['gpu_count']} Intel discrete GPU(s), {facts['gpu_count_xe_bound']} bound to xe")
+    table = Table("#", "PCI", "id", "model", "driver", "nodes", "slot link", "VRAM BAR", "VRAM", "NUMA", "GuC")
+    for gpu in facts["gpus"]:
+        slot = gpu["slot_link"]
+        guc = ((gpu["firmware"] or {}).get("guc") or {}).get("found_release") or "-"
+        table.add_row(str(gpu["index"]), gpu["pci_address"], gpu["pci_id"], gpu["model"], gpu["driver"] or "none",
+                      " ".join(node for node in (gpu["card"], gpu["render"]) if node) or "-",
+                      f"{slot['current_speed_gts'] or '?'} GT/s x{slot['current_width'] or '?'}",
+                      f"{_gib(gpu['bar']['vram_bar_bytes'])} ({gpu['bar']['resizable_bar']})",
+                      _gib(gpu["vram_bytes"]), str(gpu["numa_node"] if gpu["numa_node"] is not None else "-"), guc)
+    out.print(table)
+    for gpu in facts["integrated_gpus"]:
+        out.print(f"not counted: integrated GPU {gpu['pci_address']} {gpu['pci_id']} ({gpu['integrated_reason']})")
+    for warning in facts["warnings"]:
+        out.print(f"[yellow]warning:[/] {warning}", highlight=False)
+
+
+@app.command("topology")
+def topology_command(
+    root: RootOption = "/",
+    profile: Annotated[str, typer.Option("--profile", help="auto, or force p2p / no-p2p for this host")] = "auto",
+    tensor_parallel_size: Annotated[int | None, typer.Option(
+        "--tensor-parallel-size", min=1, help="GPUs in the tensor-parallel group (default: all usable)")] = None,
+    probe: Annotated[str, typer.Option("--probe", help="auto: run ze_peer when installed; never")] = "auto",
+    write: Annotated[bool, typer.Option("--write", help=f"Write <root>{TOPOLOGY_PATH}")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """PCIe P2P per GPU pair and the oneCCL profile (p2p / no-p2p) for the tensor-parallel group."""
+    _check_root(root)
+    if profile not in PROFILE_CHOICES:
+        raise BadInput(f"--profile {profile!r}: choose one of {', '.join(PROFILE_CHOICES)}")
+    if probe not in ("auto", "never"):
+        raise BadInput(f"--probe {probe!r}: choose auto or never")
+    result = topology(root, tensor_parallel_size, profile, probe, write)
+    if as_json:
+        _print_json(result)
+        return
+    out = Console()
+    table = Table("pair", "relation", "common bridge", "ACS", "topology", "ze_peer", "P2P", "reason")
+    for pair in result["pairs"]:
+        probe_result = pair["probe"]["status"] if pair["probe"] else "-"
+        table.add_row(f"{pair['a']}-{pair['b']}", pair["relation"], pair["common_bridge"] or "-", pair["acs"],
+                      str(pair["p2p_from_topology"]), probe_result, str(pair["p2p"]), pair["reason"])
+    out.print(table)
+    out.print(f"profile [bold]{result['profile']}[/] ({result['profile_source']}), group {result['group']}, "
+              f"ZE_AFFINITY_MASK={result['affinity_mask']}, ze_peer {result['probe']['status']}")
+    for reason in result["reasons"]:
+        out.print(f"  {reason}", highlight=False)
+    if write:
+        out.print(f"{'wrote' if result['changed'] else 'unchanged'} {os.path.join(root, TOPOLOGY_PATH.lstrip('/'))}")
+
+
+@app.command("fit")
+def fit_command(
+    recipe: Annotated[str, typer.Argument(help="Recipe name or path to a recipe file")],
+    root: RootOption = "/",
+    kv_cache_gib: Annotated[float, typer.Option("--kv-cache-gib", min=0, help="KV cache each card needs")] =
+        KV_CACHE_GIB_MIN,
+    as_json: JsonOption = False,
+) -> None:
+    """Does RECIPE fit this host: GPU count and ids, per-card VRAM budget, host RAM. Exit 1 when it does not."""
+    _check_root(root)
+    result = host_fit(load_recipe(recipe), collect_facts(root), kv_cache_gib)
+    if as_json:
+        _print_json(result.model_dump(mode="json"))
+    else:
+        out = Console()
+        for name, part in (("GPUs", result.gpus), ("VRAM", result.card), ("RAM", result.ram)):
+            mark = "[green]ok[/]" if part.fits else "[red]FAIL[/]"
+            out.print(f"{mark} {name}: {part.reason}", highlight=False)
+    if not result.fits:
+        raise typer.Exit(1)

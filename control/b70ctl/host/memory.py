@@ -1,0 +1,162 @@
+"""Does a recipe fit this host? Per-card VRAM and host RAM, as pure functions over the Recipe and the facts.
+
+Per card, with tensor parallelism splitting the target and every card holding the whole drafter:
+
+    VRAM x gpu_memory_utilization  >=  target weights / TP + drafter weights + runtime reserve + KV cache budget
+
+vLLM hands whatever is left after weights and profiling to the KV cache; when that is below what the served
+context needs it refuses to start, so the budget is checked before a multi-GB download. Host RAM is checked
+against the recipe's ram_gib_min: 64 GB hosts were OOM-killed while loading the 27B target (FACTS.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from b70ctl.recipes.model import Recipe
+
+GIB = 1024 ** 3
+# vLLM's default when a recipe leaves gpu_memory_utilization unset.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# Activations, sampler and collective buffers outside weights and KV cache during profiling (an estimate: the
+# measured peak on B70 is not published; it keeps 1 GiB per card free for them).
+RUNTIME_RESERVE_GIB = 1.0
+# Smallest KV cache worth serving with: below about 1 GiB a 27B hybrid model holds only a few thousand tokens.
+KV_CACHE_GIB_MIN = 1.0
+
+
+class Fit(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    fits: bool
+    reason: str
+
+
+class CardFit(Fit):
+    vram_gib_per_gpu: float | None
+    vram_source: str
+    gpu_memory_utilization: float
+    usable_vram_gib: float
+    target_weights_gib_per_gpu: float
+    drafter_weights_gib: float
+    runtime_reserve_gib: float
+    kv_cache_gib_available: float
+    kv_cache_gib_required: float
+
+
+class RamFit(Fit):
+    ram_gib: float | None
+    ram_gib_min: float
+
+
+class GpuCountFit(Fit):
+    accepted_pci_ids: list[str]
+    usable_gpu_count: int
+    gpu_count_required: int
+
+
+class HostFit(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    recipe: str
+    fits: bool
+    reasons: list[str]
+    gpus: GpuCountFit
+    card: CardFit
+    ram: RamFit
+
+
+def kv_cache_gib(tokens: int, attention_layers: int, kv_heads: int, head_dim: int, bytes_per_element: float) -> float:
+    """KV cache for `tokens` tokens of full-attention layers (K and V each kv_heads x head_dim per layer).
+    Linear-attention (GDN) layers keep a fixed-size state instead and are not counted here."""
+    return tokens * attention_layers * 2 * kv_heads * head_dim * bytes_per_element / GIB
+
+
+def card_fit(recipe: Recipe, vram_gib_per_gpu: float | None, vram_source: str = "recipe",
+             kv_cache_gib_required: float = KV_CACHE_GIB_MIN) -> CardFit:
+    """The per-card budget of a recipe on cards of `vram_gib_per_gpu` (None: the recipe's own figure)."""
+    serve = recipe.serve
+    utilization = serve.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+    target_per_gpu = recipe.target.weights_gib / serve.tensor_parallel_size
+    drafter = recipe.drafter.weights_gib if recipe.drafter is not None else 0.0
+    if recipe.host.accelerator == "cpu":
+        return CardFit(fits=True, reason="CPU recipe: no GPU memory to budget", vram_gib_per_gpu=None,
+                       vram_source="none", gpu_memory_utilization=utilization, usable_vram_gib=0.0,
+                       target_weights_gib_per_gpu=target_per_gpu, drafter_weights_gib=drafter,
+                       runtime_reserve_gib=0.0, kv_cache_gib_available=0.0, kv_cache_gib_required=0.0)
+    if vram_gib_per_gpu is None:
+        vram_gib_per_gpu, vram_source = recipe.host.vram_gib_per_gpu, "recipe"
+    usable = vram_gib_per_gpu * utilization
+    available = usable - target_per_gpu - drafter - RUNTIME_RESERVE_GIB
+    fits = available >= kv_cache_gib_required
+    budget = (f"{vram_gib_per_gpu:.1f} GiB x {utilization:.2f} = {usable:.1f} GiB per card; target "
+              f"{recipe.target.weights_gib:.1f} GiB / TP {serve.tensor_parallel_size} = {target_per_gpu:.1f} GiB, "
+              f"drafter {drafter:.1f} GiB, reserve {RUNTIME_RESERVE_GIB:.1f} GiB leave {available:.1f} GiB for the "
+              f"KV cache (need {kv_cache_gib_required:.1f} GiB)")
+    if fits:
+        reason = budget
+    else:
+        reason = (f"does not fit: {budget}: raise tensor_parallel_size, quantize the target, or raise "
+                  f"gpu_memory_utilization")
+    return CardFit(fits=fits, reason=reason, vram_gib_per_gpu=vram_gib_per_gpu, vram_source=vram_source,
+                   gpu_memory_utilization=utilization, usable_vram_gib=usable, target_weights_gib_per_gpu=target_per_gpu,
+                   drafter_weights_gib=drafter, runtime_reserve_gib=RUNTIME_RESERVE_GIB,
+                   kv_cache_gib_available=available, kv_cache_gib_required=kv_cache_gib_required)
+
+
+def ram_fit(recipe: Recipe, ram_total_bytes: int | None) -> RamFit:
+    minimum = recipe.host.ram_gib_min
+    if ram_total_bytes is None:
+        return RamFit(fits=False, reason="host RAM unknown (/proc/meminfo unreadable)", ram_gib=None,
+                      ram_gib_min=minimum)
+    ram_gib = ram_total_bytes / GIB
+    if ram_gib >= minimum:
+        return RamFit(fits=True, reason=f"host RAM {ram_gib:.1f} GiB >= {minimum:.0f} GiB", ram_gib=ram_gib,
+                      ram_gib_min=minimum)
+    return RamFit(fits=False, ram_gib=ram_gib, ram_gib_min=minimum,
+                  reason=f"host RAM {ram_gib:.1f} GiB < {minimum:.0f} GiB that recipe {recipe.name} needs to load its "
+                         f"target (64 GB hosts were OOM-killed loading 27B): add RAM or choose a smaller recipe")
+
+
+def usable_gpus(recipe: Recipe, facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """The host's GPUs this recipe can use: bound to xe and of an accepted PCI id."""
+    accepted = {pci_id.lower() for pci_id in recipe.host.gpu_pci_ids}
+    return [gpu for gpu in facts.get("gpus", []) if gpu.get("xe_bound")
+            and (not accepted or (gpu.get("pci_id") or "").lower() in accepted)]
+
+
+def gpu_count_fit(recipe: Recipe, facts: dict[str, Any]) -> GpuCountFit:
+    required = recipe.host.gpu_count if recipe.host.accelerator == "xpu" else 0
+    usable = usable_gpus(recipe, facts)
+    accepted = list(recipe.host.gpu_pci_ids)
+    if len(usable) >= required:
+        reason = f"{len(usable)} usable GPU(s) of {', '.join(accepted) or 'any id'}, {required} required"
+        return GpuCountFit(fits=True, reason=reason, accepted_pci_ids=accepted, usable_gpu_count=len(usable),
+                           gpu_count_required=required)
+    found = ", ".join(f"{gpu['model']} {gpu['pci_id']} {gpu['pci_address']} driver {gpu['driver'] or 'none'}"
+                      for gpu in facts.get("gpus", [])) or "no Intel discrete GPU"
+    reason = (f"recipe {recipe.name} needs {required} GPU(s) of {', '.join(accepted)} bound to xe, host has "
+              f"{len(usable)} ({found}): fix the driver binding or choose a recipe for this hardware")
+    return GpuCountFit(fits=False, reason=reason, accepted_pci_ids=accepted, usable_gpu_count=len(usable),
+                       gpu_count_required=required)
+
+
+def host_vram_gib(gpus: list[dict[str, Any]]) -> tuple[float | None, str]:
+    """Smallest card's VRAM: the xe-reported physical size when visible, else the model's nominal size."""
+    sizes = [(gpu["vram_bytes"] / GIB, "sysfs") if gpu.get("vram_bytes") else (gpu.get("vram_gib_nominal"), "model")
+             for gpu in gpus]
+    known = [(size, source) for size, source in sizes if size is not None]
+    if not known:
+        return None, "recipe"
+    return min(known)
+
+
+def host_fit(recipe: Recipe, facts: dict[str, Any], kv_cache_gib_required: float = KV_CACHE_GIB_MIN) -> HostFit:
+    gpus = gpu_count_fit(recipe, facts)
+    vram, source = host_vram_gib(usable_gpus(recipe, facts)[: max(recipe.serve.tensor_parallel_size, 1)])
+    card = card_fit(recipe, vram, source, kv_cache_gib_required)
+    ram = ram_fit(recipe, facts.get("ram_total_bytes"))
+    failed = [part.reason for part in (gpus, card, ram) if not part.fits]
+    return HostFit(recipe=recipe.name, fits=not failed, reasons=failed, gpus=gpus, card=card, ram=ram)
