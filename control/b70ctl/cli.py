@@ -20,6 +20,7 @@ app.add_typer(recipes_app, name="recipes")
 app.add_typer(__import__("b70ctl.lock.cli", fromlist=["app"]).app, name="lock")
 app.add_typer(__import__("b70ctl.models.cli", fromlist=["app"]).app, name="model")
 app.add_typer(__import__("b70ctl.host.cli", fromlist=["app"]).app, name="host")
+app.add_typer(__import__("b70ctl.fleet.cli", fromlist=["app"]).app, name="fleet")
 
 console = Console(stderr=True)
 

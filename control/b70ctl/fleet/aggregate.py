@@ -1,0 +1,579 @@
+"""Aggregate per-host reports into one FleetReport.
+
+I/O happens once per host at the start (`collect_hosts`): each report is read, upgraded, reduced to a HostEntry
+and dropped, so memory holds the small entries only. Everything after that is pure and linear in the number of
+hosts (plus sorting for medians): grouping by recipe, claim counts from the hosts' own verdicts, distributions,
+robust z-score outliers, drift against the fleet's most common values and the fingerprint groups.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+from b70ctl.errors import BadInput
+from b70ctl.fleet import stats
+from b70ctl.fleet.layout import (
+    HOST_FACTS_FILE,
+    REPORT_FILE,
+    UNREACHABLE_FILE,
+    HostFacts,
+    read_host_facts,
+    read_marker,
+)
+from b70ctl.fleet.model import (
+    DRIFT_FIELDS,
+    ClaimCount,
+    ClaimLine,
+    DriftValue,
+    FieldDrift,
+    FieldValueEffect,
+    FingerprintGroup,
+    FleetReport,
+    FleetSummary,
+    GroupFigure,
+    HostClaimVerdict,
+    HostEntry,
+    InputProblem,
+    Outlier,
+    RecipeFleet,
+    WorkloadDistribution,
+    WorkloadFigures,
+)
+from b70ctl.recipes import load_recipe, recipe_names
+from b70ctl.recipes.model import Claim, Recipe
+from b70ctl.report.load import LoadedReport, read_report
+from b70ctl.report.model import Report
+
+USABLE = ("verified", "partial")
+
+
+@dataclass(frozen=True)
+class ClaimInfo:
+    claim_id: str
+    description: str
+    metric: str
+    bound: str
+    source: str
+
+
+@dataclass
+class Collected:
+    entries: list[HostEntry] = field(default_factory=list)
+    problems: list[InputProblem] = field(default_factory=list)
+    # Per recipe, the claims its reports gave verdicts on (first seen): the claims of a recipe b70ctl does not ship.
+    report_claims: dict[str, dict[str, ClaimInfo]] = field(default_factory=dict)
+
+
+def tool_version() -> str:
+    try:
+        return metadata.version("b70ctl")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+def _figures_from_measurements(report: Report) -> list[WorkloadFigures]:
+    """Workload figures from the flat measurements, for a report that kept no structured throughput results."""
+    by_workload: dict[str, WorkloadFigures] = {}
+    for key, value in report.measurements.items():
+        parts = key.split(".")
+        if len(parts) < 3 or parts[0] != "throughput":
+            continue
+        figures = by_workload.setdefault(parts[1], WorkloadFigures(name=parts[1]))
+        metric = ".".join(parts[2:])
+        if metric == "per_position_acceptance" and isinstance(value, list):
+            figures.per_position_acceptance = [float(v) for v in value]
+        elif isinstance(value, list):
+            continue
+        elif metric == "decode_tok_s.median":
+            figures.median_decode_tok_s = value
+        elif metric == "peak_tok_s.max":
+            figures.peak_decode_tok_s = value
+        elif metric == "acceptance_rate":
+            figures.acceptance_rate = value
+        elif metric == "mean_acceptance_length":
+            figures.mean_acceptance_length = value
+    return list(by_workload.values())
+
+
+def workload_figures(report: Report) -> list[WorkloadFigures]:
+    if report.throughput is None:
+        return _figures_from_measurements(report)
+    figures = []
+    for workload in report.throughput.workloads:
+        spec = workload.spec_decode
+        figures.append(
+            WorkloadFigures(
+                name=workload.name,
+                median_decode_tok_s=workload.decode_tok_s.median if workload.decode_tok_s else None,
+                peak_decode_tok_s=workload.peak_tok_s.max if workload.peak_tok_s else None,
+                acceptance_rate=spec.acceptance_rate if spec else None,
+                mean_acceptance_length=spec.mean_acceptance_length if spec else None,
+                per_position_acceptance=list(spec.per_position_acceptance) if spec else [],
+                converged=workload.converged,
+                error=workload.error,
+            )
+        )
+    return figures
+
+
+def host_entry_from_report(host: str, loaded: LoadedReport, facts: HostFacts | None) -> HostEntry:
+    report = loaded.report
+    environment = report.environment.model_copy()
+    if facts is not None:
+        # The report recorded what was true while it measured; facts only fill what it did not record.
+        for name, value in facts.model_dump(exclude_none=True).items():
+            if getattr(environment, name) is None:
+                setattr(environment, name, value)
+    correctness = report.correctness
+    return HostEntry(
+        host=host,
+        status="partial" if report.partial else "verified",
+        reason=(report.partial_reason or "the report is marked partial") if report.partial else None,
+        report_path=loaded.path,
+        recipe=report.recipe,
+        report_schema_version=loaded.upgraded_from if loaded.upgraded_from is not None else report.schema_version,
+        started_at=report.started_at,
+        endpoint=report.endpoint,
+        environment=environment,
+        smoke_passed=report.smoke.passed if report.smoke else None,
+        correctness_passed=correctness.passed if correctness else None,
+        correctness_identical=correctness.identical if correctness else None,
+        correctness_total=correctness.total if correctness else None,
+        workloads=workload_figures(report),
+        verdicts=[
+            HostClaimVerdict(claim_id=v.claim_id, verdict=v.verdict, measured=v.measured, reason=v.reason)
+            for v in report.verdicts
+        ],
+    )
+
+
+def _read_host(host: str, report_path: Path, facts_path: Path | None, marker_path: Path | None,
+               collected: Collected) -> None:
+    if marker_path is not None:
+        marker = read_marker(marker_path)
+        if isinstance(marker, str):
+            collected.problems.append(InputProblem(kind="bad_marker", host=host, path=str(marker_path),
+                                                   reason=marker, action="used"))
+            reason, recipe = f"not verified (its {UNREACHABLE_FILE} is unreadable)", None
+        else:
+            where = f" at {marker.stage}" if marker.stage else ""
+            reason, recipe = f"{marker.kind}{where}: {marker.reason}", marker.recipe
+        if report_path.exists():
+            collected.problems.append(InputProblem(
+                kind="conflicting_markers", host=host, path=str(report_path), action="excluded",
+                reason=f"{host}: both {REPORT_FILE} and {UNREACHABLE_FILE}; the report is taken as stale from an "
+                       f"earlier run: the play must remove one of them"))
+        collected.entries.append(HostEntry(host=host, status="unreachable", reason=reason, recipe=recipe))
+        return
+    if not report_path.exists():
+        collected.problems.append(InputProblem(
+            kind="missing_report", host=host, path=str(report_path), action="excluded",
+            reason=f"{host}: neither {REPORT_FILE} nor {UNREACHABLE_FILE}: collect the report or mark the host"))
+        collected.entries.append(HostEntry(host=host, status="bad_report", reason=f"no {REPORT_FILE}"))
+        return
+    loaded = read_report(report_path)
+    if not isinstance(loaded, LoadedReport):
+        collected.problems.append(InputProblem(kind=loaded.kind, host=host, path=loaded.path,
+                                               reason=loaded.reason, action="excluded"))
+        collected.entries.append(HostEntry(host=host, status="bad_report", reason=loaded.kind.replace("_", " "),
+                                           report_path=loaded.path))
+        return
+    facts = None
+    if facts_path is not None:
+        read = read_host_facts(facts_path)
+        if isinstance(read, str):
+            collected.problems.append(InputProblem(kind="bad_host_facts", host=host, path=str(facts_path),
+                                                   reason=read, action="excluded"))
+        else:
+            facts = read
+    collected.entries.append(host_entry_from_report(host, loaded, facts))
+    claims = collected.report_claims.setdefault(loaded.report.recipe, {})
+    for verdict in loaded.report.verdicts:
+        if verdict.claim_id not in claims:
+            claims[verdict.claim_id] = ClaimInfo(verdict.claim_id, verdict.description, verdict.metric,
+                                                 verdict.bound, verdict.source)
+
+
+def collect_directory(reports_dir: Path) -> Collected:
+    """Every host directory under REPORTS_DIR (layout in fleet/layout.py), in host-name order."""
+    if not reports_dir.is_dir():
+        raise BadInput(f"reports directory {reports_dir} does not exist: give the directory the verify play "
+                       "collected into (REPORTS_DIR/<host>/report.json)")
+    with os.scandir(reports_dir) as scan:
+        host_dirs = sorted((entry.name for entry in scan if entry.is_dir()))
+    if not host_dirs:
+        raise BadInput(f"reports directory {reports_dir} has no host directories: expected "
+                       f"{reports_dir}/<host>/{REPORT_FILE} (or {UNREACHABLE_FILE})")
+    collected = Collected()
+    for host in host_dirs:
+        directory = reports_dir / host
+        with os.scandir(directory) as scan:
+            names = {entry.name for entry in scan}
+        _read_host(
+            host,
+            directory / REPORT_FILE,
+            directory / HOST_FACTS_FILE if HOST_FACTS_FILE in names else None,
+            directory / UNREACHABLE_FILE if UNREACHABLE_FILE in names else None,
+            collected,
+        )
+    return collected
+
+
+def collect_files(report_paths: Sequence[Path]) -> Collected:
+    """Report files given one by one; each host is named by the directory holding its report."""
+    if not report_paths:
+        raise BadInput("no report files given: pass REPORTS_DIR or report.json paths")
+    collected = Collected()
+    for path in report_paths:
+        facts = path.parent / HOST_FACTS_FILE
+        _read_host(path.parent.name or str(path), path, facts if facts.is_file() else None, None, collected)
+    return collected
+
+
+# ------------------------------------------------------------------------------------------------ duplicates
+
+
+def _mark_duplicates(entries: list[HostEntry], problems: list[InputProblem]) -> None:
+    """Two usable reports that name the same machine (the hostname it reported, else its directory name): keep
+    the newer one (later started_at; on a tie the first path) and exclude the other, naming both."""
+    kept_by_identity: dict[str, HostEntry] = {}
+    for entry in entries:
+        if entry.status not in USABLE:
+            continue
+        identity = entry.environment.hostname or entry.host
+        kept = kept_by_identity.get(identity)
+        if kept is None:
+            kept_by_identity[identity] = entry
+            continue
+        newer, older = (entry, kept) if (entry.started_at or datetime.min.replace(tzinfo=UTC)) > (
+            kept.started_at or datetime.min.replace(tzinfo=UTC)) else (kept, entry)
+        kept_by_identity[identity] = newer
+        older.status = "duplicate"
+        older.reason = f"same host {identity!r} as {newer.report_path}, which is newer and was kept"
+        problems.append(InputProblem(
+            kind="duplicate_host", host=older.host, path=older.report_path or older.host, action="excluded",
+            reason=f"two reports for host {identity!r}: {newer.report_path} (kept, started "
+                   f"{newer.started_at}) and {older.report_path} (excluded, started {older.started_at}): "
+                   "remove the stale one"))
+
+
+# ------------------------------------------------------------------------------------------------ per recipe
+
+
+def _claim_bound(claim: Claim) -> str:
+    tolerance = claim.tolerance
+    slack = []
+    if tolerance.relative:
+        slack.append(f"±{tolerance.relative:.0%}")
+    if tolerance.absolute:
+        slack.append(f"±{tolerance.absolute:g}")
+    suffix = f" ({' or '.join(slack)})" if slack else ""
+    if claim.op == "between":
+        return f"{claim.low:g} .. {claim.high:g}{suffix}"
+    if claim.op == "per_position":
+        return "per position " + " ".join(f"{v:.2f}" for v in claim.values or []) + suffix
+    return f"{claim.op} {claim.value:g}{suffix}"
+
+
+def claim_line(claim: Claim) -> ClaimLine:
+    line = ClaimLine(claim_id=claim.id, metric=claim.metric, op=claim.op, value=claim.value, low=claim.low,
+                     high=claim.high, values=claim.values)
+    if claim.op == ">=" and claim.value is not None:
+        line.lower_with_tolerance = claim.value - claim.tolerance.slack(claim.value)
+    elif claim.op == "<=" and claim.value is not None:
+        line.upper_with_tolerance = claim.value + claim.tolerance.slack(claim.value)
+    elif claim.op == "between" and claim.low is not None and claim.high is not None:
+        line.lower_with_tolerance = claim.low - claim.tolerance.slack(claim.low)
+        line.upper_with_tolerance = claim.high + claim.tolerance.slack(claim.high)
+    return line
+
+
+def _claims_of(recipe: Recipe | None, entries: Iterable[HostEntry], report_claims: dict[str, ClaimInfo]
+               ) -> list[ClaimInfo]:
+    if recipe is not None:
+        return [ClaimInfo(c.id, c.description, c.metric, _claim_bound(c), c.source) for c in recipe.claims]
+    # A recipe b70ctl does not ship: the claims are those the hosts' reports gave verdicts on.
+    ordered: dict[str, ClaimInfo] = {}
+    for entry in entries:
+        for verdict in entry.verdicts:
+            if verdict.claim_id not in ordered and verdict.claim_id in report_claims:
+                ordered[verdict.claim_id] = report_claims[verdict.claim_id]
+    return list(ordered.values())
+
+
+def _count_claims(claims: list[ClaimInfo], usable: list[HostEntry]) -> list[ClaimCount]:
+    counts = []
+    verdict_maps = [(entry.host, {v.claim_id: v.verdict for v in entry.verdicts}) for entry in usable]
+    for claim in claims:
+        met, not_met, not_measured = 0, [], []
+        for host, verdicts in verdict_maps:
+            verdict = verdicts.get(claim.claim_id, "not_measured")
+            if verdict == "met":
+                met += 1
+            elif verdict == "not_met":
+                not_met.append(host)
+            else:
+                not_measured.append(host)
+        counts.append(ClaimCount(claim_id=claim.claim_id, description=claim.description, metric=claim.metric,
+                                 bound=claim.bound, source=claim.source, met=met, not_met=len(not_met),
+                                 not_measured=len(not_measured), hosts_not_met=not_met,
+                                 hosts_not_measured=not_measured))
+    return counts
+
+
+def _workload_names(recipe: Recipe | None, usable: list[HostEntry]) -> list[str]:
+    names: dict[str, None] = {w.name: None for w in recipe.workloads} if recipe is not None else {}
+    for entry in usable:
+        for figures in entry.workloads:
+            names.setdefault(figures.name, None)
+    return list(names)
+
+
+def _per_position_median(curves: list[list[float]]) -> list[float]:
+    if not curves:
+        return []
+    length = max(len(curve) for curve in curves)
+    return [stats.median([c[p] for c in curves if len(c) > p]) for p in range(length)]
+
+
+def _workload_distributions(names: list[str], recipe: Recipe | None, usable: list[HostEntry]
+                            ) -> list[WorkloadDistribution]:
+    distributions = []
+    for name in names:
+        figures = [f for f in (entry.workload(name) for entry in usable) if f is not None]
+        decode = [f.median_decode_tok_s for f in figures if f.median_decode_tok_s is not None]
+        lines = [claim_line(c) for c in recipe.claims if c.metric.startswith(f"throughput.{name}.")] \
+            if recipe is not None else []
+        distributions.append(WorkloadDistribution(
+            workload=name,
+            hosts_measured=len(decode),
+            median_decode_tok_s=stats.distribution(decode),
+            peak_decode_tok_s=stats.distribution([f.peak_decode_tok_s for f in figures
+                                                  if f.peak_decode_tok_s is not None]),
+            acceptance_rate=stats.distribution([f.acceptance_rate for f in figures if f.acceptance_rate is not None]),
+            per_position_acceptance_median=_per_position_median([f.per_position_acceptance for f in figures
+                                                                 if f.per_position_acceptance]),
+            claims=lines,
+        ))
+    return distributions
+
+
+def fingerprint_value(entry: HostEntry, name: str) -> str | None:
+    value = getattr(entry.environment, name)
+    return None if value is None else str(value)
+
+
+def _drift(usable: list[HostEntry]) -> tuple[list[FieldDrift], dict[str, str | None]]:
+    """Fields with more than one known value across the recipe's hosts, and each field's most common value."""
+    drifts, majority_of = [], {}
+    for name in DRIFT_FIELDS:
+        counts: Counter[str] = Counter()
+        unknown = []
+        for entry in usable:
+            value = fingerprint_value(entry, name)
+            if value is None:
+                unknown.append(entry.host)
+            else:
+                counts[value] += 1
+        majority = stats.plurality(counts)
+        majority_of[name] = majority
+        if len(counts) < 2:
+            continue
+        drifting = []
+        if majority is not None:
+            for entry in usable:
+                value = fingerprint_value(entry, name)
+                if value is not None and value != majority:
+                    drifting.append(entry.host)
+                    entry.drift_fields.append(name)
+        drifts.append(FieldDrift(field=name, majority_value=majority,
+                                 values=[DriftValue(value=v, hosts=n) for v, n in counts.most_common()],
+                                 drifting_hosts=drifting, unknown_hosts=unknown))
+    return drifts, majority_of
+
+
+def _group_figures(members: list[HostEntry], workloads: list[str], reference: dict[str, float | None]
+                   ) -> list[GroupFigure]:
+    figures = []
+    for name in workloads:
+        values = [f.median_decode_tok_s for f in (m.workload(name) for m in members)
+                  if f is not None and f.median_decode_tok_s is not None]
+        group_median = stats.median(values) if values else None
+        base = reference.get(name)
+        relative = group_median / base - 1 if group_median is not None and base else None
+        figures.append(GroupFigure(workload=name, hosts_measured=len(values), median_decode_tok_s=group_median,
+                                   relative_to_reference=relative))
+    return figures
+
+
+def _group_medians(members: list[HostEntry], workloads: list[str]) -> dict[str, float | None]:
+    return {g.workload: g.median_decode_tok_s for g in _group_figures(members, workloads, {})}
+
+
+def _field_effects(drifts: list[FieldDrift], usable: list[HostEntry], workloads: list[str]
+                   ) -> list[FieldValueEffect]:
+    effects = []
+    for drift in drifts:
+        groups: dict[str, list[HostEntry]] = defaultdict(list)
+        for entry in usable:
+            value = fingerprint_value(entry, drift.field)
+            if value is not None:  # hosts that do not record the field say nothing about its effect
+                groups[value].append(entry)
+        reference_value = drift.majority_value if drift.majority_value is not None else max(
+            groups, key=lambda value: len(groups[value]))
+        reference = _group_medians(groups[reference_value], workloads)
+        for value, members in sorted(groups.items(), key=lambda item: (-len(item[1]), str(item[0]))):
+            effects.append(FieldValueEffect(field=drift.field, value=value, hosts=len(members),
+                                            is_majority=value == drift.majority_value,
+                                            figures=_group_figures(members, workloads, reference)))
+    return effects
+
+
+def _fingerprint_groups(usable: list[HostEntry], majority_of: dict[str, str | None], workloads: list[str]
+                        ) -> list[FingerprintGroup]:
+    groups: dict[tuple[str | None, ...], list[HostEntry]] = defaultdict(list)
+    for entry in usable:
+        groups[tuple(fingerprint_value(entry, name) for name in DRIFT_FIELDS)].append(entry)
+    majority_key = tuple(majority_of[name] for name in DRIFT_FIELDS)
+    reference_key = majority_key if majority_key in groups else max(groups, key=lambda key: len(groups[key]))
+    reference = _group_medians(groups[reference_key], workloads)
+    result = []
+    for key, members in sorted(groups.items(), key=lambda item: (-len(item[1]), [str(v) for v in item[0]])):
+        differs = [name for name, value in zip(DRIFT_FIELDS, key, strict=True)
+                   if value is not None and majority_of[name] is not None and value != majority_of[name]]
+        result.append(FingerprintGroup(fingerprint=dict(zip(DRIFT_FIELDS, key, strict=True)),
+                                       differs_from_majority=differs, hosts=[m.host for m in members],
+                                       figures=_group_figures(members, workloads, reference)))
+    return result
+
+
+def _outliers(workloads: list[str], usable: list[HostEntry]) -> list[Outlier]:
+    outliers = []
+    for name in workloads:
+        measured = [(entry, f.median_decode_tok_s) for entry in usable
+                    if (f := entry.workload(name)) is not None and f.median_decode_tok_s is not None]
+        values = [value for _, value in measured]
+        scores = stats.robust_z_scores(values)
+        if scores is None:
+            continue
+        center = stats.median(values)
+        for (entry, value), score in zip(measured, scores, strict=True):
+            if abs(score) > stats.OUTLIER_THRESHOLD:
+                entry.outlier_workloads.append(name)
+                outliers.append(Outlier(host=entry.host, workload=name, median_decode_tok_s=value,
+                                        fleet_median_decode_tok_s=center, robust_z=score,
+                                        direction="slow" if score < 0 else "fast",
+                                        explained_by=list(entry.drift_fields)))
+    return outliers
+
+
+def _known_recipe(name: str, shipped: set[str]) -> Recipe | None:
+    if name not in shipped:
+        return None
+    try:
+        return load_recipe(name)
+    except BadInput:
+        return None
+
+
+def _recipe_fleet(name: str, members: list[HostEntry], shipped: set[str], report_claims: dict[str, ClaimInfo]
+                  ) -> RecipeFleet:
+    recipe = _known_recipe(name, shipped)
+    usable = [entry for entry in members if entry.status in USABLE]
+    claims = _claims_of(recipe, usable, report_claims)
+    claim_ids = [claim.claim_id for claim in claims]
+    for entry in usable:
+        verdicts = {v.claim_id: v.verdict for v in entry.verdicts}
+        entry.all_claims_met = entry.status == "verified" and all(verdicts.get(c) == "met" for c in claim_ids)
+    workloads = _workload_names(recipe, usable)
+    drifts, majority_of = _drift(usable)
+    outliers = _outliers(workloads, usable)
+    return RecipeFleet(
+        recipe=name,
+        recipe_known=recipe is not None,
+        hosts=len(members),
+        hosts_verified=sum(1 for entry in members if entry.status == "verified"),
+        hosts_all_claims_met=sum(1 for entry in usable if entry.all_claims_met),
+        hosts_unverified=[entry.host for entry in members if entry.status != "verified"],
+        claims=_count_claims(claims, usable),
+        workloads=_workload_distributions(workloads, recipe, usable),
+        outliers=outliers,
+        drift=drifts,
+        field_effects=_field_effects(drifts, usable, workloads),
+        fingerprint_groups=_fingerprint_groups(usable, majority_of, workloads) if usable else [],
+    )
+
+
+def build_fleet_report(collected: Collected, source: str, *, generated_at: datetime | None = None
+                       ) -> FleetReport:
+    """Pure: the fleet report of already collected host entries."""
+    entries, problems = collected.entries, list(collected.problems)
+    _mark_duplicates(entries, problems)
+    by_recipe: dict[str, list[HostEntry]] = defaultdict(list)
+    without_recipe = []
+    for entry in entries:
+        if entry.recipe is None or entry.status == "duplicate":
+            without_recipe.append(entry)
+        else:
+            by_recipe[entry.recipe].append(entry)
+    if len(by_recipe) == 1:
+        # One recipe: hosts whose report could not tell theirs belong to it (and count against it).
+        only = next(iter(by_recipe.values()))
+        only.extend(entry for entry in without_recipe if entry.status != "duplicate")
+    elif len(by_recipe) > 1:
+        sizes = ", ".join(f"{name} ({len(members)} hosts)" for name, members in sorted(by_recipe.items()))
+        problems.append(InputProblem(kind="mixed_recipes", host=None, path=source, action="grouped",
+                                     reason=f"{len(by_recipe)} recipes in one fleet: {sizes}: each is "
+                                            "aggregated against its own claims"))
+    shipped = set(recipe_names())
+    recipes = [_recipe_fleet(name, members, shipped, collected.report_claims.get(name, {}))
+               for name, members in sorted(by_recipe.items())]
+    status_counts = Counter(entry.status for entry in entries)
+    summary = FleetSummary(
+        hosts=len(entries) - status_counts["duplicate"],
+        verified=status_counts["verified"],
+        partial=status_counts["partial"],
+        unreachable=status_counts["unreachable"],
+        bad_report=status_counts["bad_report"],
+        duplicate=status_counts["duplicate"],
+        all_claims_met=sum(1 for entry in entries if entry.all_claims_met),
+        recipes=sorted(by_recipe),
+        drifting_hosts=sum(1 for entry in entries if entry.drift_fields),
+        outliers=sum(len(recipe.outliers) for recipe in recipes),
+        problems=len(problems),
+    )
+    failing_problems = [p for p in problems if p.action != "grouped"]
+    all_met = (summary.hosts > 0 and summary.all_claims_met == summary.hosts and not failing_problems)
+    return FleetReport(
+        tool_version=tool_version(),
+        generated_at=generated_at or datetime.now(UTC),
+        source=source,
+        all_met=all_met,
+        summary=summary,
+        recipes=recipes,
+        hosts=entries,
+        problems=problems,
+        outlier_threshold=stats.OUTLIER_THRESHOLD,
+    )
+
+
+def aggregate(source: Path | str | Sequence[Path | str], *, generated_at: datetime | None = None) -> FleetReport:
+    """The fleet report of REPORTS_DIR (one directory per host) or of a list of report.json files."""
+    if isinstance(source, (str, Path)):
+        reports_dir = Path(source)
+        collected = collect_directory(reports_dir)
+        label = str(reports_dir)
+    else:
+        paths = [Path(p) for p in source]
+        collected = collect_files(paths)
+        label = f"{len(paths)} report files"
+    return build_fleet_report(collected, label, generated_at=generated_at)

@@ -1,0 +1,95 @@
+"""The directory of per-host reports the fleet aggregation reads, as collected on the controller.
+
+    REPORTS_DIR/
+      <host>/                 one directory per inventory host (its inventory_hostname)
+        report.json           `b70ctl verify` report of that host (any known schema version)
+        host_facts.json       optional: facts of the host, fills environment fields the report lacks
+        unreachable.json      written INSTEAD of report.json when the host could not be verified
+        (anything else, e.g. report.md and raw/, is ignored)
+
+A host directory holds exactly one of report.json or unreachable.json. Both: the marker wins (the report is
+taken to be stale from an earlier run) and the conflict is named in the fleet report. Neither: the host is named
+as missing its report.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+REPORT_FILE = "report.json"
+HOST_FACTS_FILE = "host_facts.json"
+UNREACHABLE_FILE = "unreachable.json"
+
+
+class UnreachableMarker(BaseModel):
+    """unreachable.json: why a host has no report. Written by the verify play for a host that was unreachable
+    or whose verify task failed before it wrote a report."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    host: str
+    kind: Literal["unreachable", "failed"] = Field(
+        "unreachable", description="unreachable: no connection; failed: a task failed before report.json existed"
+    )
+    stage: str | None = Field(None, description="The play or task that failed, e.g. 'verify' or 'gather facts'")
+    reason: str = Field(description="The error Ansible reported, one line")
+    recipe: str | None = None
+    recorded_at: datetime | None = None
+
+
+class HostFacts(BaseModel):
+    """host_facts.json: what the fleet report reads from a host's facts. Keys are the names of the report's
+    Environment fields; any other key is ignored. Values from report.json win over these."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    hostname: str | None = None
+    appliance_hash: str | None = None
+    image_digest: str | None = None
+    vllm_version: str | None = None
+    model_revision: str | None = None
+    drafter_revision: str | None = None
+    kernel: str | None = None
+    xe_guc_firmware: str | None = None
+    xe_huc_firmware: str | None = None
+    compute_runtime: str | None = None
+    gpu_count: int | None = None
+    gpu_model: str | None = None
+    p2p_profile: str | None = None
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"top level is a JSON {type(data).__name__}, expected an object")
+    return data
+
+
+def _short_error(error: Exception) -> str:
+    if isinstance(error, ValidationError):
+        first = error.errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc']) or '(top level)'}: {first['msg']}"
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    return str(error)
+
+
+def read_marker(path: Path) -> UnreachableMarker | str:
+    """The marker, or one line saying why it cannot be read."""
+    try:
+        return UnreachableMarker.model_validate(_read_json_object(path))
+    except (OSError, UnicodeDecodeError, ValueError, ValidationError) as error:
+        return f"{path}: unreadable marker ({_short_error(error)})"
+
+
+def read_host_facts(path: Path) -> HostFacts | str:
+    """The host facts, or one line saying why they cannot be read."""
+    try:
+        return HostFacts.model_validate(_read_json_object(path))
+    except (OSError, UnicodeDecodeError, ValueError, ValidationError) as error:
+        return f"{path}: host facts not used ({_short_error(error)})"

@@ -1,0 +1,203 @@
+"""Reading report.json files written by any version of `b70ctl verify`.
+
+`read_report` never raises: a file that cannot be used comes back as a `ReportProblem` whose kind and reason say
+why (empty, truncated, corrupt, unknown schema version, invalid), so a fleet of thousands of reports can be
+aggregated past a few bad ones. `load_report` is the one-report form: it returns the `Report` or raises
+`ReportUnusable` (a BadInput, exit 2) carrying that same problem.
+
+Schema versions
+- 0: the first report layout. No `schema_version` key (or 0). What the endpoint told about itself sat at the top
+  level (`vllm_version`, `served_model`); there was no `environment`, no flat `measurements`, no `partial`
+  marking, no `baseline`. Spec-decode stats had no `per_position_acceptance` and no pollution flag, and claim
+  verdicts had no `bound` and no `source`.
+- 1: the current `Report` (report/model.py).
+Upgrading 0 -> 1 moves the top-level fields into `environment`, rebuilds `measurements` from the structured
+results (the same keys claims refer to) and fills what schema 0 never recorded with explicit "not recorded".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from b70ctl.errors import BadInput
+from b70ctl.report.model import REPORT_SCHEMA_VERSION, Report
+
+ProblemKind = Literal["unreadable", "empty", "truncated", "corrupt", "unknown_schema_version", "invalid"]
+
+NOT_RECORDED_IN_SCHEMA_0 = "not recorded (schema 0 report)"
+
+
+@dataclass(frozen=True)
+class ReportProblem:
+    """Why a report file cannot be used. `reason` is one line that names the file's problem and the fix."""
+
+    kind: ProblemKind
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LoadedReport:
+    report: Report
+    path: str
+    upgraded_from: int | None = None
+
+
+class ReportUnusable(BadInput):
+    def __init__(self, problem: ReportProblem) -> None:
+        super().__init__(problem.reason)
+        self.problem = problem
+
+
+def measurements_from_results(data: dict[str, Any]) -> dict[str, float | list[float]]:
+    """The flat figures claims refer to, rebuilt from a report's structured results (JSON form)."""
+    measurements: dict[str, float | list[float]] = {}
+    throughput = data.get("throughput") or {}
+    for workload in throughput.get("workloads") or []:
+        prefix = f"throughput.{workload['name']}"
+        for figure in ("decode_tok_s", "peak_tok_s", "ttft_s", "prefill_tok_s"):
+            summary = workload.get(figure)
+            if summary:
+                for statistic in ("median", "min", "max"):
+                    measurements[f"{prefix}.{figure}.{statistic}"] = float(summary[statistic])
+        spec = workload.get("spec_decode")
+        if spec:
+            for figure in ("acceptance_rate", "mean_acceptance_length"):
+                if spec.get(figure) is not None:
+                    measurements[f"{prefix}.{figure}"] = float(spec[figure])
+            if spec.get("per_position_acceptance"):
+                measurements[f"{prefix}.per_position_acceptance"] = [
+                    float(v) for v in spec["per_position_acceptance"]
+                ]
+    correctness = data.get("correctness")
+    if correctness and correctness.get("identical_fraction") is not None:
+        measurements["correctness.identical_fraction"] = float(correctness["identical_fraction"])
+    return measurements
+
+
+def _upgrade_0_to_1(data: dict[str, Any]) -> dict[str, Any]:
+    upgraded = dict(data)
+    upgraded["schema_version"] = 1
+    environment: dict[str, Any] = {}
+    for key in ("vllm_version", "served_model", "hostname"):
+        if key in upgraded:
+            environment[key] = upgraded.pop(key)
+    upgraded["environment"] = environment
+    throughput = upgraded.get("throughput")
+    if isinstance(throughput, dict):
+        for workload in throughput.get("workloads") or []:
+            spec = workload.get("spec_decode") if isinstance(workload, dict) else None
+            if isinstance(spec, dict):
+                spec.setdefault("per_position_acceptance", [])
+    for verdict in upgraded.get("verdicts") or []:
+        if isinstance(verdict, dict):
+            verdict.setdefault("bound", NOT_RECORDED_IN_SCHEMA_0)
+            verdict.setdefault("source", NOT_RECORDED_IN_SCHEMA_0)
+    upgraded["measurements"] = measurements_from_results(upgraded)
+    return upgraded
+
+
+def report_schema_version(data: dict[str, Any]) -> int | None:
+    """The schema version a report declares; schema 0 had no key. None when the value is not an integer."""
+    version = data.get("schema_version", 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        return None
+    return version
+
+
+def upgrade_report_json(data: dict[str, Any]) -> dict[str, Any]:
+    """A report's JSON object of any known schema version, upgraded to the current one. Raises ValueError for a
+    version this b70ctl does not know (a newer one: upgrade b70ctl, never guess)."""
+    version = report_schema_version(data)
+    if version is None:
+        raise ValueError(f"schema_version {data.get('schema_version')!r} is not an integer")
+    if version > REPORT_SCHEMA_VERSION or version < 0:
+        raise ValueError(
+            f"schema_version {version} is unknown to this b70ctl (it reads 0..{REPORT_SCHEMA_VERSION}): "
+            "aggregate with the b70ctl that wrote it, or upgrade b70ctl"
+        )
+    if version == 0:
+        data = _upgrade_0_to_1(data)
+    return data
+
+
+def _first_validation_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    return f"{location}: {first['msg']}"
+
+
+def _cut_short(text: str, error: json.JSONDecodeError) -> bool:
+    """True when the JSON text is a prefix of a document: it ends inside a string, a number or a literal, or
+    the parser ran out of text where it expected more."""
+    if error.pos >= len(text.rstrip()) or error.msg.startswith("Unterminated string"):
+        return True
+    remainder = text[error.pos:].rstrip()
+    if error.msg.startswith("Invalid \\uXXXX escape"):
+        return len(remainder) < 6
+    # A token cut mid-way ("tru", "12e", "-"): no structure or whitespace after the point of error.
+    return len(remainder) <= 24 and not any(c in remainder for c in ',:[]{}" \t\r\n')
+
+
+def _decode_problem(path: str, text: str, error: json.JSONDecodeError) -> ReportProblem:
+    # A JSON error at the very end of the text means the writer stopped mid-file (copy cut short, disk full):
+    # "truncated" tells the user to collect it again rather than to look for a bug in verify.
+    if _cut_short(text, error):
+        return ReportProblem("truncated", path, f"{path}: truncated JSON (ends after {len(text)} bytes): "
+                                                "collect the report again")
+    return ReportProblem("corrupt", path, f"{path}: not valid JSON (line {error.lineno} column {error.colno}: "
+                                          f"{error.msg}): collect the report again")
+
+
+def read_report(path: Path | str) -> LoadedReport | ReportProblem:
+    """One report file, upgraded to the current schema, or the reason it cannot be used. Never raises."""
+    name = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as error:
+        return ReportProblem("unreadable", name, f"{name}: cannot read ({error.strerror}): check the path and "
+                                                 "its permissions")
+    if not raw.strip():
+        return ReportProblem("empty", name, f"{name}: empty file: collect the report again")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return ReportProblem("corrupt", name, f"{name}: not UTF-8 text (byte {error.start}): collect the "
+                                              "report again")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        return _decode_problem(name, text, error)
+    except RecursionError:
+        return ReportProblem("corrupt", name, f"{name}: JSON nested too deeply: not a report")
+    if not isinstance(data, dict):
+        return ReportProblem("corrupt", name, f"{name}: top level is a JSON {type(data).__name__}, a report is "
+                                              "an object")
+    version = report_schema_version(data)
+    try:
+        upgraded = upgrade_report_json(data)
+    except ValueError as error:
+        return ReportProblem("unknown_schema_version", name, f"{name}: {error}")
+    except (TypeError, KeyError, AttributeError) as error:
+        # Upgrading walks the old layout; a file of the right version but the wrong shape lands here.
+        return ReportProblem("invalid", name, f"{name}: not a schema {version} report ({error!r})")
+    try:
+        report = Report.model_validate(upgraded)
+    except ValidationError as error:
+        return ReportProblem("invalid", name, f"{name}: not a valid schema {version} report: "
+                                              f"{_first_validation_error(error)}")
+    return LoadedReport(report=report, path=name, upgraded_from=version if version != REPORT_SCHEMA_VERSION
+                        else None)
+
+
+def load_report(path: Path | str) -> Report:
+    """One report file, upgraded to the current schema. Raises ReportUnusable (exit 2) with the reason."""
+    result = read_report(path)
+    if isinstance(result, ReportProblem):
+        raise ReportUnusable(result)
+    return result.report

@@ -1,0 +1,226 @@
+"""Plausible per-host reports, generated with known answers, for the fleet aggregation's tests and benchmark.
+
+`make_report` builds a valid `Report` (the same model verify writes) for a recipe: every workload with request
+samples, summaries and spec-decode counters, greedy correctness with token ids, the flat measurements and one
+verdict per claim, judged from the generated figures the way a claim reads (bound with tolerance). A host is
+described by its speed (a factor on the recipe's typical decode rates), acceptance and environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from b70ctl.recipes import load_recipe
+from b70ctl.recipes.model import Claim, Recipe
+from b70ctl.report.load import measurements_from_results
+from b70ctl.report.model import (
+    ClaimVerdict,
+    CorrectnessResult,
+    Environment,
+    PromptComparison,
+    Report,
+    RequestSample,
+    SmokeResult,
+    SpecDecodeStats,
+    SubCheck,
+    Summary,
+    ThroughputResult,
+    WorkloadResult,
+)
+
+# Typical median decode tok/s per workload at speed 1.0 (what a good host of each recipe measures).
+TYPICAL_DECODE_TOK_S: dict[str, dict[str, float]] = {
+    "pr620-fp8-tp2": {"short": 76.0, "acceptance_friendly": 104.0, "natural": 45.0, "long_prompt": 68.0},
+    "dspark-int4-tp1": {"long_prompt": 54.0, "short": 58.0},
+    "cpu-tiny": {"short": 120.0, "acceptance_friendly": 150.0, "natural": 110.0, "long_prompt": 90.0},
+}
+TYPICAL_ACCEPTANCE: dict[str, float] = {"acceptance_friendly": 0.988}
+PER_POSITION_K7 = [0.76, 0.45, 0.31, 0.14, 0.10, 0.02, 0.00]
+PER_POSITION_K4 = [0.82, 0.61, 0.44, 0.30]
+PEAK_OVER_MEDIAN = 1.18
+# Per-host jitter of every rate: uniform ±JITTER, seeded by the host name (the same host, the same figures).
+JITTER = 0.015
+
+MAJORITY_ENVIRONMENT: dict[str, Any] = {
+    "image_digest": "sha256:" + "a1" * 32,
+    "vllm_version": "0.21.1.dev0",
+    "model_revision": "4f1c" * 10,
+    "drafter_revision": "9e0d" * 10,
+    "kernel": "6.17.0-1009-intel",
+    "xe_guc_firmware": "70.54.0",
+    "xe_huc_firmware": "8.2.10",
+    "compute_runtime": "26.14.37833.4",
+    "gpu_count": 2,
+    "gpu_model": "Arc Pro B70 (8086:e223)",
+    "p2p_profile": "p2p",
+}
+
+STARTED_AT = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
+
+
+def appliance_hash(environment: dict[str, Any]) -> str:
+    """Derived from the pinned inputs only (image, vLLM, model revisions, compute runtime), as the lock does:
+    a host whose image differs also has another appliance hash; a different kernel does not change it."""
+    pinned = [str(environment.get(k)) for k in ("image_digest", "vllm_version", "model_revision",
+                                                "drafter_revision", "compute_runtime")]
+    return hashlib.sha256("\n".join(pinned).encode()).hexdigest()[:16]
+
+
+def environment_for(host: str, **overrides: Any) -> Environment:
+    fields = {**MAJORITY_ENVIRONMENT, **overrides}
+    fields.setdefault("hostname", host)
+    fields["appliance_hash"] = appliance_hash(fields)
+    return Environment(served_model="qwen3.8-27b-fp8", **fields)
+
+
+def _summary(values: list[float]) -> Summary:
+    ordered = sorted(values)
+    middle = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1]
+                                                                 + ordered[len(ordered) // 2]) / 2
+    deviations = sorted(abs(v - middle) for v in ordered)
+    mad = deviations[len(deviations) // 2]
+    return Summary(n=len(ordered), median=middle, min=ordered[0], max=ordered[-1], mad=mad,
+                   ci_low=ordered[0], ci_high=ordered[-1])
+
+
+def judge(claim: Claim, measured: float | list[float] | None) -> ClaimVerdict:
+    """A claim's verdict on a measured figure, tolerance included."""
+    if measured is None:
+        verdict, reason = "not_measured", f"{claim.metric} was not measured"
+    elif claim.op == "per_position":
+        assert isinstance(measured, list) and claim.values is not None
+        slack = claim.tolerance.absolute
+        ok = len(measured) >= len(claim.values) and all(
+            abs(m - v) <= max(slack, abs(v) * claim.tolerance.relative) for m, v in zip(measured, claim.values))
+        verdict, reason = ("met", None) if ok else ("not_met", "per-position acceptance outside the tolerance")
+    else:
+        assert isinstance(measured, float)
+        if claim.op == ">=":
+            ok = measured >= claim.value - claim.tolerance.slack(claim.value)
+        elif claim.op == "<=":
+            ok = measured <= claim.value + claim.tolerance.slack(claim.value)
+        else:
+            ok = (claim.low - claim.tolerance.slack(claim.low) <= measured
+                  <= claim.high + claim.tolerance.slack(claim.high))
+        verdict, reason = ("met", None) if ok else ("not_met", f"{measured:.3f} outside the bound")
+    return ClaimVerdict(claim_id=claim.id, description=claim.description, metric=claim.metric, verdict=verdict,
+                        measured=measured, bound=f"{claim.op} {claim.value or claim.low}", source=claim.source,
+                        reason=reason)
+
+
+def make_report(
+    recipe: Recipe | str,
+    host: str,
+    *,
+    speed: float = 1.0,
+    acceptance: float | None = None,
+    per_position: list[float] | None = None,
+    environment: Environment | None = None,
+    identical: int | None = None,
+    partial: bool = False,
+    started_at: datetime = STARTED_AT,
+    requests_per_workload: int = 5,
+    tokens_per_comparison: int = 48,
+) -> Report:
+    """A plausible verify report of `host` for `recipe`. Rates are TYPICAL_DECODE_TOK_S x speed x jitter."""
+    recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
+    generator = random.Random(host)
+    typical = TYPICAL_DECODE_TOK_S[recipe.name]
+    spec = recipe.serve.speculative
+    k = spec.num_speculative_tokens if spec else 0
+    workloads = []
+    for workload in recipe.workloads:
+        rate = typical[workload.name] * speed * (1 + generator.uniform(-JITTER, JITTER))
+        rates = [rate * (1 + generator.uniform(-0.004, 0.004)) for _ in range(requests_per_workload - 1)] + [rate]
+        requests = [
+            RequestSample(decode_tok_s=r, peak_tok_s=r * PEAK_OVER_MEDIAN, ttft_s=0.05, completion_tokens=
+                          workload.max_tokens, usage_completion_tokens=workload.max_tokens, prompt_tokens=12,
+                          chunks=workload.max_tokens // 2, raw_file=f"raw/{workload.name}-{i}.json")
+            for i, r in enumerate(rates)
+        ]
+        spec_stats = None
+        if k:
+            rate_accepted = acceptance if acceptance is not None else TYPICAL_ACCEPTANCE.get(workload.name)
+            if per_position is not None:
+                curve = list(per_position)
+            elif rate_accepted is not None:
+                curve = [rate_accepted] * k
+            else:
+                curve = (PER_POSITION_K7 if k == 7 else PER_POSITION_K4)[:k]
+            if rate_accepted is None:
+                rate_accepted = sum(curve) / len(curve)
+            drafts = float(workload.max_tokens * requests_per_workload // 2)
+            spec_stats = SpecDecodeStats(
+                num_drafts=drafts, num_draft_tokens=drafts * k, num_accepted_tokens=drafts * k * rate_accepted,
+                acceptance_rate=rate_accepted, mean_acceptance_length=1 + k * rate_accepted,
+                per_position_acceptance=list(curve), generation_tokens=float(workload.max_tokens * len(rates)))
+        workloads.append(WorkloadResult(
+            name=workload.name, description=workload.description, temperature=workload.temperature,
+            max_tokens=workload.max_tokens, requests=requests, decode_tok_s=_summary(rates),
+            peak_tok_s=_summary([r * PEAK_OVER_MEDIAN for r in rates]), ttft_s=_summary([0.05] * len(rates)),
+            converged=True, spec_decode=spec_stats))
+    prompts = recipe.correctness.prompts
+    identical = len(prompts) if identical is None else identical
+    comparisons = []
+    for index, prompt in enumerate(prompts):
+        expected = [generator.randrange(1000, 150000) for _ in range(tokens_per_comparison)]
+        same = index < identical
+        actual = list(expected) if same else expected[:10] + [t + 1 for t in expected[10:]]
+        comparisons.append(PromptComparison(prompt=prompt, identical=same, tokens_compared=len(expected),
+                                            first_divergence=None if same else 10, expected_token_ids=expected,
+                                            actual_token_ids=actual))
+    correctness = CorrectnessResult(passed=identical / len(prompts) >= 0.8, baseline="reference.json",
+                                    identical=identical, total=len(prompts),
+                                    identical_fraction=identical / len(prompts), comparisons=comparisons)
+    report = Report(
+        tool_version="0.1.0", recipe=recipe.name, endpoint=f"http://{host}:8000", started_at=started_at,
+        finished_at=started_at + timedelta(minutes=6), partial=partial,
+        partial_reason="stopped by the user" if partial else None,
+        environment=environment or environment_for(host),
+        smoke=SmokeResult(passed=True, checks=[SubCheck(name="models", passed=True),
+                                                SubCheck(name="health", passed=True)]),
+        correctness=correctness, throughput=ThroughputResult(passed=True, workloads=workloads))
+    report.measurements = measurements_from_results(report.model_dump(mode="json"))
+    report.verdicts = [judge(claim, report.measurements.get(claim.metric)) for claim in recipe.claims]
+    report.passed = all(v.verdict == "met" for v in report.verdicts)
+    return report
+
+
+def to_schema_0(report: Report) -> dict[str, Any]:
+    """The report as the first report layout wrote it (see report/load.py): no schema_version, environment,
+    measurements, partial marking or per-position acceptance; vllm_version and served_model at the top."""
+    data = report.model_dump(mode="json")
+    environment = data.pop("environment")
+    for key in ("schema_version", "measurements", "partial", "partial_reason", "baseline"):
+        data.pop(key, None)
+    data["vllm_version"] = environment["vllm_version"]
+    data["served_model"] = environment["served_model"]
+    for workload in data["throughput"]["workloads"]:
+        if workload["spec_decode"]:
+            for key in ("per_position_acceptance", "polluted", "pollution_reason"):
+                workload["spec_decode"].pop(key)
+    for verdict in data["verdicts"]:
+        verdict.pop("bound")
+        verdict.pop("source")
+    return data
+
+
+def write_host(reports_dir: Path, host: str, report: Report | dict[str, Any] | None = None, *,
+               facts: dict[str, Any] | None = None, unreachable: dict[str, Any] | None = None) -> Path:
+    """One host directory as the verify play leaves it; returns the directory."""
+    directory = reports_dir / host
+    directory.mkdir(parents=True, exist_ok=True)
+    if isinstance(report, Report):
+        (directory / "report.json").write_text(report.model_dump_json())
+    elif report is not None:
+        (directory / "report.json").write_text(json.dumps(report))
+    if facts is not None:
+        (directory / "host_facts.json").write_text(json.dumps(facts))
+    if unreachable is not None:
+        (directory / "unreachable.json").write_text(json.dumps({"host": host, **unreachable}))
+    return directory
