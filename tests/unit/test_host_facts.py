@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from b70ctl.cli import app
+from b70ctl.cli import app, main
 from b70ctl.host import facts as facts_module
 from b70ctl.host.facts import (
     classify_integrated,
@@ -25,7 +25,6 @@ from b70ctl.host.facts import (
 )
 from sysfs_trees import REPO, build_tree, sysfs
 
-B70CTL = Path(sys.executable).parent / "b70ctl"
 FACTS_SCRIPT = REPO / "control" / "b70ctl" / "host" / "facts.py"
 
 # scenario -> (PCI addresses of the cards, model per card, xe-bound count, integrated GPUs)
@@ -189,10 +188,14 @@ def test_fact_script_refuses_a_missing_root(tmp_path: Path) -> None:
                                capture_output=True, text=True)
     assert completed.returncode == 2
     assert "is not a directory" in completed.stderr
-    cli = subprocess.run([str(B70CTL), "host", "facts", "--root", str(tmp_path / "absent")], capture_output=True,
-                         text=True)
-    assert cli.returncode == 2
-    assert cli.stderr.count("\n") == 1 and "is not a directory" in cli.stderr
+
+def test_cli_refuses_a_missing_root_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "argv", ["b70ctl", "host", "facts", "--root", str(tmp_path / "absent")])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    assert "is not a directory: give the root of a sysfs tree" in capsys.readouterr().err
 
 
 def test_fixture_builder_runs_as_a_script(tmp_path: Path) -> None:

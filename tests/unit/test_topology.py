@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from b70ctl.cli import app
+from b70ctl.cli import app, main
 from b70ctl.host.facts import collect_facts
 from b70ctl.host.topology import CCL_PROFILES, TOPOLOGY_PATH, analyse, parse_ze_peer_output, topology
 from sysfs_trees import REPO, build_tree
@@ -244,10 +244,13 @@ def test_cli_json_and_the_standalone_script_agree(tmp_path: Path) -> None:
     assert from_script == from_cli
 
 
-def test_cli_rejects_a_bad_profile(tmp_path: Path) -> None:
+def test_cli_rejects_a_bad_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the console script's entry point, which maps BadInput to one line and exit 2."""
     root = build_tree(tmp_path, "b70x2-switch")
-    b70ctl = Path(sys.executable).parent / "b70ctl"
-    completed = subprocess.run([str(b70ctl), "host", "topology", "--root", root, "--profile", "fast"],
-                               capture_output=True, text=True)
-    assert completed.returncode == 2
-    assert "--profile 'fast': choose one of auto, p2p, no-p2p" in completed.stderr
+    monkeypatch.setattr(sys, "argv", ["b70ctl", "host", "topology", "--root", root, "--profile", "fast"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    assert "--profile 'fast': choose one of auto, p2p, no-p2p" in capsys.readouterr().err
+    assert not (Path(root) / TOPOLOGY_PATH.lstrip("/")).exists()
