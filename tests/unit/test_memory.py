@@ -1,0 +1,145 @@
+"""Per-card VRAM budget and host RAM against the shipped recipes, on the sysfs scenarios."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from b70ctl.cli import app
+from b70ctl.host.facts import collect_facts
+from b70ctl.host.memory import (
+    RUNTIME_RESERVE_GIB,
+    card_fit,
+    host_fit,
+    kv_cache_gib,
+    ram_fit,
+)
+from b70ctl.recipes import load_recipe
+from b70ctl.recipes.model import Recipe
+from sysfs_trees import build_tree
+
+GIB = 1024 ** 3
+
+
+def with_changes(recipe: Recipe, *, tensor_parallel_size: int | None = None, target_weights_gib: float | None = None,
+                 gpu_memory_utilization: float | None = None) -> Recipe:
+    serve, target = recipe.serve, recipe.target
+    if tensor_parallel_size is not None:
+        serve = serve.model_copy(update={"tensor_parallel_size": tensor_parallel_size})
+    if gpu_memory_utilization is not None:
+        serve = serve.model_copy(update={"gpu_memory_utilization": gpu_memory_utilization})
+    if target_weights_gib is not None:
+        target = target.model_copy(update={"weights_gib": target_weights_gib})
+    return recipe.model_copy(update={"serve": serve, "target": target})
+
+
+def test_fp8_tp2_recipe_fits_two_b70() -> None:
+    fit = card_fit(load_recipe("pr620-fp8-tp2"), 32.0, "sysfs")
+    assert fit.fits
+    assert fit.usable_vram_gib == pytest.approx(28.8)
+    assert fit.target_weights_gib_per_gpu == pytest.approx(14.0)
+    assert fit.drafter_weights_gib == pytest.approx(2.7)
+    assert fit.kv_cache_gib_available == pytest.approx(28.8 - 14.0 - 2.7 - RUNTIME_RESERVE_GIB)
+
+
+def test_fp8_target_does_not_fit_one_card_next_to_the_drafter() -> None:
+    """FACTS.md: the FP8 target does not fit one 32 GB card next to the 2.7 GB drafter."""
+    fit = card_fit(with_changes(load_recipe("pr620-fp8-tp2"), tensor_parallel_size=1), 32.0)
+    assert not fit.fits
+    assert fit.kv_cache_gib_available == pytest.approx(28.8 - 28.0 - 2.7 - RUNTIME_RESERVE_GIB)
+    assert fit.reason.startswith("does not fit: 32.0 GiB x 0.90 = 28.8 GiB per card; target 28.0 GiB / TP 1")
+    assert fit.reason.endswith("raise tensor_parallel_size, quantize the target, or raise gpu_memory_utilization")
+
+
+def test_bf16_27b_does_not_fit_two_b70() -> None:
+    """FACTS.md: 27B BF16 (about 54 GB of weights) does not fit 2x B70."""
+    fit = card_fit(with_changes(load_recipe("pr620-fp8-tp2"), target_weights_gib=54.0), 32.0)
+    assert not fit.fits
+    assert fit.kv_cache_gib_available < 0
+
+
+def test_int4_tp1_recipe_fits_one_b70_and_not_a_b50() -> None:
+    recipe = load_recipe("dspark-int4-tp1")
+    assert card_fit(recipe, 32.0).fits
+    small = card_fit(recipe, 16.0, "model")
+    assert not small.fits and small.vram_source == "model"
+
+
+def test_recipe_vram_is_used_when_the_host_shows_none() -> None:
+    fit = card_fit(load_recipe("pr620-fp8-tp2"), None)
+    assert (fit.vram_gib_per_gpu, fit.vram_source) == (32.0, "recipe")
+
+
+def test_kv_cache_budget_is_a_requirement() -> None:
+    recipe = load_recipe("pr620-fp8-tp2")
+    assert card_fit(recipe, 32.0, kv_cache_gib_required=11.0).fits
+    assert not card_fit(recipe, 32.0, kv_cache_gib_required=11.2).fits
+    # 8192 tokens x 32 attention layers x 2 (K, V) x 4 KV heads x 256 dims x 2 bytes = 1 GiB
+    assert kv_cache_gib(8192, 32, 4, 256, 2) == pytest.approx(1.0)
+
+
+def test_unset_utilization_takes_the_vllm_default() -> None:
+    recipe = load_recipe("pr620-fp8-tp2")
+    serve = recipe.serve.model_copy(update={"gpu_memory_utilization": None})
+    fit = card_fit(recipe.model_copy(update={"serve": serve}), 32.0)
+    assert fit.gpu_memory_utilization == 0.9
+
+
+def test_ram_below_the_recipe_minimum_fails_with_the_oom_reason() -> None:
+    fit = ram_fit(load_recipe("pr620-fp8-tp2"), 65_657_044 * 1024)
+    assert not fit.fits and fit.ram_gib == pytest.approx(62.62, abs=0.01)
+    assert fit.reason == ("host RAM 62.6 GiB < 96 GiB that recipe pr620-fp8-tp2 needs to load its target (64 GB "
+                          "hosts were OOM-killed loading 27B): add RAM or choose a smaller recipe")
+    assert ram_fit(load_recipe("pr620-fp8-tp2"), 128 * GIB).fits
+    assert not ram_fit(load_recipe("pr620-fp8-tp2"), None).fits
+
+
+# scenario -> recipe -> (fits, which parts fail)
+HOST_FITS = {
+    ("b70x2-switch", "pr620-fp8-tp2"): (True, []),
+    ("b70x2-root-ports", "pr620-fp8-tp2"): (True, []),
+    ("b70-igpu", "pr620-fp8-tp2"): (False, ["gpus", "ram"]),
+    ("b70-igpu", "dspark-int4-tp1"): (False, ["ram"]),  # 64 GB host: MemTotal 62.6 GiB < 64
+    ("b70x4-two-switches", "pr620-fp8-tp2"): (True, []),
+    ("b60x2-switch", "pr620-fp8-tp2"): (False, ["gpus"]),  # the recipe accepts 8086:e223 only
+    ("xe-unbound", "pr620-fp8-tp2"): (False, ["gpus"]),
+    ("no-intel-gpu", "pr620-fp8-tp2"): (False, ["gpus"]),
+    ("no-intel-gpu", "cpu-tiny"): (True, []),
+}
+
+
+@pytest.mark.parametrize("scenario, recipe_name", sorted(HOST_FITS))
+def test_host_fit_per_scenario(tmp_path: Path, scenario: str, recipe_name: str) -> None:
+    fits, failing = HOST_FITS[(scenario, recipe_name)]
+    result = host_fit(load_recipe(recipe_name), collect_facts(build_tree(tmp_path, scenario)))
+    assert result.fits is fits
+    assert [name for name in ("gpus", "card", "ram") if not getattr(result, name).fits] == failing
+    assert len(result.reasons) == len(failing)
+
+
+def test_host_fit_reads_vram_from_sysfs(tmp_path: Path) -> None:
+    result = host_fit(load_recipe("pr620-fp8-tp2"), collect_facts(build_tree(tmp_path, "b70x2-switch")))
+    assert (result.card.vram_gib_per_gpu, result.card.vram_source) == (32.0, "sysfs")
+    assert result.gpus.usable_gpu_count == 2
+
+
+def test_gpu_shortage_names_what_the_host_has(tmp_path: Path) -> None:
+    result = host_fit(load_recipe("pr620-fp8-tp2"), collect_facts(build_tree(tmp_path, "xe-unbound")))
+    assert result.gpus.reason == (
+        "recipe pr620-fp8-tp2 needs 2 GPU(s) of 8086:e223 bound to xe, host has 0 (B70 8086:e223 0000:05:00.0 "
+        "driver none, B70 8086:e223 0000:09:00.0 driver none): fix the driver binding or choose a recipe for this "
+        "hardware")
+
+
+def test_cli_fit_exit_codes(tmp_path: Path) -> None:
+    good = CliRunner().invoke(app, ["host", "fit", "pr620-fp8-tp2", "--root", build_tree(tmp_path, "b70x2-switch"),
+                                    "--json"])
+    assert good.exit_code == 0, good.output
+    assert json.loads(good.stdout)["fits"] is True
+    bad = CliRunner().invoke(app, ["host", "fit", "pr620-fp8-tp2", "--root", build_tree(tmp_path, "b70-igpu"),
+                                   "--json"])
+    assert bad.exit_code == 1
+    assert json.loads(bad.stdout)["ram"]["fits"] is False
