@@ -21,6 +21,7 @@ app.add_typer(__import__("b70ctl.lock.cli", fromlist=["app"]).app, name="lock")
 app.add_typer(__import__("b70ctl.models.cli", fromlist=["app"]).app, name="model")
 app.add_typer(__import__("b70ctl.host.cli", fromlist=["app"]).app, name="host")
 app.add_typer(__import__("b70ctl.fleet.cli", fromlist=["app"]).app, name="fleet")
+app.add_typer(__import__("b70ctl.image.cli", fromlist=["app"]).app, name="image")
 
 console = Console(stderr=True)
 
