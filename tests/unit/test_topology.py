@@ -14,7 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from b70ctl.cli import app, main
+from b70ctl.errors import BadInput
 from b70ctl.host.facts import collect_facts
+from b70ctl.host.model import load_topology
 from b70ctl.host.topology import CCL_PROFILES, TOPOLOGY_PATH, analyse, parse_ze_peer_output, topology
 from sysfs_trees import REPO, build_tree
 
@@ -254,3 +256,45 @@ def test_cli_rejects_a_bad_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert exit_info.value.code == 2
     assert "--profile 'fast': choose one of auto, p2p, no-p2p" in capsys.readouterr().err
     assert not (Path(root) / TOPOLOGY_PATH.lstrip("/")).exists()
+
+
+@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+def test_written_document_loads_as_the_typed_model(tmp_path: Path, scenario: str, no_ze_peer: None) -> None:
+    root = build_tree(tmp_path, scenario)
+    topology(root, tensor_parallel_size=2 if scenario == "b70x4-two-switches" else None, write=True)
+    document = load_topology(Path(root) / TOPOLOGY_PATH.lstrip("/"))
+    # With TP=2 the four-card server places its group on the P2P pair 0,1.
+    assert document.profile == ("p2p" if scenario == "b70x4-two-switches" else EXPECTED[scenario][0])
+    env = document.serve_env()
+    assert env["CCL_TOPO_P2P_ACCESS"] == ("1" if document.profile == "p2p" else "0")
+    if document.group:
+        assert env["ZE_AFFINITY_MASK"] == document.affinity_mask
+    else:
+        assert "ZE_AFFINITY_MASK" not in env
+
+
+def test_probed_document_loads_as_the_typed_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tool = fake_ze_peer(tmp_path / "bin", ZE_PEER_TABLE)
+    monkeypatch.setenv("PATH", str(tool.parent))
+    root = build_tree(tmp_path, "b70x2-switch-user")
+    topology(root, write=True)
+    document = load_topology(Path(root) / TOPOLOGY_PATH.lstrip("/"))
+    assert document.pairs[0].probe is not None and document.pairs[0].probe.status == "confirmed"
+    assert document.profile == "p2p"
+
+
+def test_a_tampered_topology_file_is_refused(tmp_path: Path, no_ze_peer: None) -> None:
+    root = build_tree(tmp_path, "b70x2-switch")
+    topology(root, write=True)
+    target = Path(root) / TOPOLOGY_PATH.lstrip("/")
+    data = json.loads(target.read_text())
+    data["profile"] = "fast"
+    target.write_text(json.dumps(data))
+    with pytest.raises(BadInput, match=r"profile: Input should be 'p2p' or 'no-p2p'"):
+        load_topology(target)
+    data["profile"] = "no-p2p"  # env of the p2p profile under the no-p2p name
+    target.write_text(json.dumps(data))
+    with pytest.raises(BadInput, match="ccl_env differs from profile no-p2p's set"):
+        load_topology(target)
+    with pytest.raises(BadInput, match="No such file or directory: run `b70ctl host topology --write`"):
+        load_topology(tmp_path / "absent.json")
