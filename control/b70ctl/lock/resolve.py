@@ -76,11 +76,20 @@ def generated_pin(recipe: Recipe, role: str, spec: ModelSpec) -> ModelPin:
                                                            spec=tiny.model_dump(mode="json")), resolved=True)
 
 
-def _hub_errors() -> tuple[type[BaseException], ...]:
+def hub_errors() -> tuple[type[BaseException], ...]:
+    """What huggingface_hub raises for a hub that is missing, failing or unreachable. Its HTTP client is httpx2
+    (huggingface_hub 2.x), not the httpx b70ctl itself uses; both are caught."""
     import httpx
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    return (HfHubHTTPError, LocalEntryNotFoundError, httpx.HTTPError, OSError)
+    errors: tuple[type[BaseException], ...] = (HfHubHTTPError, LocalEntryNotFoundError, httpx.HTTPError, OSError)
+    try:
+        import httpx2  # type: ignore[import-not-found]
+
+        errors += (httpx2.HTTPError,)
+    except ImportError:
+        pass
+    return errors
 
 
 def _describe_hub_error(error: BaseException, repo: str, revision: str, endpoint: str) -> str:
@@ -104,7 +113,7 @@ def hub_pin(role: str, spec: ModelSpec, endpoint: str | None = None) -> ModelPin
     requested = spec.revision or "main"
     try:
         info = HfApi(endpoint=endpoint).model_info(spec.repo, revision=requested, files_metadata=True)
-    except _hub_errors() as error:
+    except hub_errors() as error:
         raise BadInput(_describe_hub_error(error, spec.repo, requested, endpoint)) from error
     revision = info.sha
     if not revision or len(revision) != 40:
@@ -122,7 +131,7 @@ def hub_pin(role: str, spec: ModelSpec, endpoint: str | None = None) -> ModelPin
             try:
                 local = hf_hub_download(spec.repo, sibling.rfilename, revision=revision, local_dir=scratch,
                                         endpoint=endpoint)
-            except _hub_errors() as error:
+            except hub_errors() as error:
                 raise BadInput(_describe_hub_error(error, spec.repo, revision, endpoint)) from error
             files.append(FilePin(path=sibling.rfilename, sha256=sha256_file(Path(local)),
                                  size_bytes=Path(local).stat().st_size))

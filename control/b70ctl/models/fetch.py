@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from b70ctl.errors import BadInput
 from b70ctl.lock.model import FilePin, Lock, ModelPin, canonical_json, require_resolved
-from b70ctl.lock.resolve import hub_endpoint, sha256_file
+from b70ctl.lock.resolve import hub_endpoint, hub_errors, sha256_file
 from b70ctl.recipes import Recipe
 
 Source = Literal["hub", "cache", "local"]
@@ -157,10 +157,9 @@ def quarantine(dest: Path, role: str, relative: str, bad_file: Path, actual_sha2
 
 def _download(pin: ModelPin, file_pin: FilePin, partial: Path, endpoint: str) -> Literal["downloaded", "resumed"]:
     from huggingface_hub import hf_hub_url
-    from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
+    from huggingface_hub.errors import RevisionNotFoundError
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
-    import httpx
 
     assert pin.repo is not None and pin.revision is not None
     if partial.is_file() and partial.stat().st_size > file_pin.size_bytes:
@@ -176,15 +175,20 @@ def _download(pin: ModelPin, file_pin: FilePin, partial: Path, endpoint: str) ->
     except RevisionNotFoundError as error:
         raise BadInput(f"{label}: revision {pin.revision} of {pin.repo} does not exist on the hub ({endpoint}): "
                        "the lock pins a commit the hub no longer serves; re-resolve the lock") from error
-    except (HfHubHTTPError, httpx.HTTPError) as error:
+    except OSError as error:
+        # huggingface_hub's HTTP errors are OSErrors too: only a failed write is about the disk.
+        kept = partial.stat().st_size if partial.is_file() else 0
+        if error.errno in DISK_FULL_ERRNOS:
+            raise BadInput(f"{label}: writing {partial} failed after {kept} of {file_pin.size_bytes} bytes "
+                           f"(disk full: {error.strerror}); free space and re-run: the download resumes from there"
+                           ) from error
+        raise BadInput(f"{label}: download from {endpoint} failed after {kept} of {file_pin.size_bytes} bytes "
+                       f"({error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                       "the partial is kept and a re-run resumes it") from error
+    except hub_errors() as error:
         kept = partial.stat().st_size if partial.is_file() else 0
         raise BadInput(f"{label}: download from {endpoint} failed after {kept} of {file_pin.size_bytes} bytes "
                        f"({error.__class__.__name__}); the partial is kept and a re-run resumes it") from error
-    except OSError as error:
-        kept = partial.stat().st_size if partial.is_file() else 0
-        what = "disk full" if error.errno in DISK_FULL_ERRNOS else (error.strerror or str(error))
-        raise BadInput(f"{label}: writing {partial} failed after {kept} of {file_pin.size_bytes} bytes ({what}); "
-                       "free space and re-run: the download resumes from there") from error
     return "resumed" if resume_bytes else "downloaded"
 
 
