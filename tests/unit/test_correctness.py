@@ -474,3 +474,20 @@ def test_run_correctness_refuses_a_reference_of_another_recipe(recorded, recipe,
 def test_reference_model_is_one_json_document(recorded):
     reference = Reference.model_validate_json(recorded.read_text())
     assert len(reference.outputs) == len(reference.prompts) == 3
+
+
+# -- captured real outputs -------------------------------------------------------------------------------------
+CAPTURED = Path(__file__).parent.parent / "fixtures" / "correctness" / "captured-outputs.json"
+
+
+def test_guard_on_captured_real_outputs():
+    """Real vLLM CPU answers: the trained tiny model (counting, alphabet, sentences) is not garbage; the same
+    architecture with random weights loops on one token for one prompt, and the guard says so."""
+    captured = json.loads(CAPTURED.read_text())["outputs"]
+    settings = load_recipe("cpu-tiny").correctness
+    for output in captured["trained"]:
+        assert garbage_findings(output["prompt"], output["token_ids"], output["text"], settings) == []
+    findings = [finding for output in captured["random"]
+                for finding in garbage_findings(output["prompt"], output["token_ids"], output["text"], settings)]
+    assert [(f.prompt, f.kind) for f in findings] == [("10, 11, 12, 13", "degenerate_repetition")]
+    assert "the last 48 of 48 tokens (100%) repeat the 1-token n-gram [291]" in findings[0].detail
