@@ -1,0 +1,307 @@
+"""The image Dockerfiles and the build plan: parse, ARG-pinned FROM, refusals before any build, exact contexts.
+
+The last tests build for real when a docker engine answers (scripts/testhosts engine starts one): route a's
+Dockerfile on a local stand-in for Intel's base (Debian + pristine vLLM 0.21.0 source) reaches the patch step
+and applies the series; a base whose vLLM the series does not fit fails the build naming the patch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from dockerfile_parse import DockerfileParser
+
+from b70ctl.cli import main
+from b70ctl.errors import BadInput
+from b70ctl.image.build import (
+    LABEL_BASE_DIGEST,
+    LABEL_SERIES_SHA256,
+    LABEL_VLLM_VERSION,
+    assembled_context,
+    context_listing,
+    dockerfile_base_args,
+    plan_build,
+    refuse_known_bad,
+    require_pinned_base,
+)
+from b70ctl.image.patches import load_series, pristine_source
+from b70ctl.lock.model import build_lock, load_lock_file, lock_path_for
+from b70ctl.recipes import load_recipe, load_recipe_file
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILES = sorted((REPO / "images").glob("*/Dockerfile"))
+SERIES = REPO / "images" / "xpu-dspark-0.21" / "patches" / "series"
+DIGEST = "sha256:" + "ab" * 32
+
+
+def resolved_lock(name: str, base_digest: str | None = DIGEST):
+    """The shipped lock of a recipe with its image pin resolved to `base_digest` (as `lock resolve` would)."""
+    lock = load_lock_file(lock_path_for(name))
+    base = load_recipe(name).image.build.base
+    image = lock.image.model_copy(update={"base_reference": base, "base_digest": base_digest, "resolved": True,
+                                          "unresolved_reason": None})
+    return build_lock(lock.recipe, lock.vllm_version, image, lock.patch_series, lock.target, lock.drafter)
+
+
+def test_every_image_has_a_dockerfile():
+    assert [path.parent.name for path in DOCKERFILES] == ["cpu", "xpu-dspark-0.21", "xpu-native"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_dockerfile_parses_and_every_from_is_the_base_arg(dockerfile):
+    parser = DockerfileParser(path=str(dockerfile))
+    structure = [item for item in parser.structure if item["instruction"] != "COMMENT"]
+    instructions = [item["instruction"] for item in structure]
+    assert instructions[0] == "ARG" and structure[0]["value"] == "BASE_IMAGE"
+    assert instructions.count("FROM") == 1
+    assert dockerfile_base_args(dockerfile) == ["${BASE_IMAGE}"]
+    assert {"LABEL", "ENTRYPOINT"} <= set(instructions)
+    labels = parser.labels
+    assert set(labels) >= {LABEL_SERIES_SHA256, LABEL_VLLM_VERSION, LABEL_BASE_DIGEST}
+
+
+def test_xpu_images_source_setvars_before_exec():
+    for name in ("xpu-dspark-0.21", "xpu-native"):
+        text = (REPO / "images" / name / "Dockerfile").read_text()
+        assert "source /opt/intel/oneapi/setvars.sh --force" in text
+        assert text.index("setvars.sh --force") < text.index("exec \"$@\"")
+        assert 'ENTRYPOINT ["/usr/local/bin/b70-entrypoint"]' in text
+
+
+def test_cpu_image_runs_the_api_server_module():
+    parser = DockerfileParser(path=str(REPO / "images" / "cpu" / "Dockerfile"))
+    entrypoint = next(item["value"] for item in parser.structure if item["instruction"] == "ENTRYPOINT")
+    assert json.loads(entrypoint) == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def test_a_literal_from_is_refused(tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM intel/llm-scaler-vllm:0.21.0-b3.1\nRUN true\n")
+    with pytest.raises(BadInput, match="is not the BASE_IMAGE build argument"):
+        dockerfile_base_args(dockerfile)
+    dockerfile.write_text("FROM ${BASE_IMAGE}\n")  # used before it is declared
+    with pytest.raises(BadInput, match="is not the BASE_IMAGE build argument"):
+        dockerfile_base_args(dockerfile)
+
+
+@pytest.mark.parametrize("reference", ["intel/llm-scaler-vllm:0.21.0-b3.1", "intel/llm-scaler-vllm",
+                                       "intel/llm-scaler-vllm@sha256:abc", "sha256:" + "0" * 63])
+def test_a_base_by_tag_is_refused(reference):
+    with pytest.raises(BadInput, match="is not pinned by digest"):
+        require_pinned_base(reference)
+
+
+def test_a_base_by_digest_or_local_id_is_taken():
+    assert require_pinned_base(f"intel/llm-scaler-vllm@{DIGEST}") == (f"intel/llm-scaler-vllm@{DIGEST}", DIGEST)
+    assert require_pinned_base(DIGEST) == (DIGEST, DIGEST)
+
+
+def test_route_a_plan_pins_the_locked_digest_and_ships_exactly_the_series():
+    recipe = load_recipe("pr620-fp8-tp2")
+    plan = plan_build(recipe, resolved_lock("pr620-fp8-tp2"), REPO)
+    assert plan.base_image == f"intel/llm-scaler-vllm@{DIGEST}"
+    assert plan.base_digest == DIGEST
+    series = load_series(SERIES)
+    assert plan.series_sha256 == series.series_sha256
+    expected = ["Dockerfile", "patches/series", *(f"patches/{entry.file}" for entry in series.entries)]
+    assert plan.context_paths() == sorted(expected)
+    with assembled_context(plan) as context:
+        assert context_listing(context) == sorted(expected)
+        for entry in series.entries:
+            assert (context / "patches" / entry.file).read_bytes() == (SERIES.parent / entry.file).read_bytes()
+    assert plan.build_args() == {"BASE_IMAGE": f"intel/llm-scaler-vllm@{DIGEST}", "BASE_DIGEST": DIGEST,
+                                 "VLLM_VERSION": "0.21.1.dev0", "SERIES_SHA256": series.series_sha256}
+
+
+def test_native_plan_has_no_patches():
+    plan = plan_build(load_recipe("dspark-int4-tp1"), resolved_lock("dspark-int4-tp1"), REPO)
+    assert plan.base_image == f"vllm/vllm-openai-xpu@{DIGEST}"
+    assert plan.context_paths() == ["Dockerfile"]
+    assert plan.series_sha256 is None and plan.expected_labels()[LABEL_SERIES_SHA256] == ""
+
+
+def test_cpu_plan_carries_the_local_torch_wheel_and_the_overrides(tmp_path):
+    wheel = tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    wheel.write_bytes(b"wheel")
+    (tmp_path / "torch-2.13.0+cpu-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"other python")
+    lock = load_lock_file(lock_path_for("cpu-tiny"))
+    assert lock.image.local_build
+    plan = plan_build(load_recipe("cpu-tiny"), lock, REPO, local_image_id=lambda reference: DIGEST,
+                      wheel_dirs=[tmp_path])
+    assert plan.base_image == DIGEST
+    assert plan.context_paths() == ["Dockerfile", "requirements/vllm-cpu-overrides.txt", f"wheels/{wheel.name}"]
+    with pytest.raises(BadInput, match="not pinned by digest"):
+        plan_build(load_recipe("cpu-tiny"), lock, REPO, local_image_id=lambda reference: "debian:bookworm",
+                   wheel_dirs=[tmp_path])
+    with pytest.raises(BadInput, match=r"no torch-2\.13\.0\+cpu-cp311-cp311-\*\.whl"):
+        plan_build(load_recipe("cpu-tiny"), lock, REPO, local_image_id=lambda reference: DIGEST,
+                   wheel_dirs=[tmp_path / "empty"])
+
+
+def test_an_unresolved_lock_is_refused():
+    lock = load_lock_file(lock_path_for("pr620-fp8-tp2"))
+    unresolved = lock.model_copy(update={"image": lock.image.model_copy(
+        update={"base_digest": None, "resolved": False}), "resolved": False})
+    with pytest.raises(BadInput, match="run b70ctl lock resolve --recipe pr620-fp8-tp2"):
+        plan_build(load_recipe("pr620-fp8-tp2"), unresolved, REPO)
+
+
+def test_a_series_changed_since_the_lock_is_refused(tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "images", root / "images")
+    series = root / "images" / "xpu-dspark-0.21" / "patches" / "series"
+    series.write_text(series.read_text().replace("kernel readout fix", "readout fix"))
+    with pytest.raises(BadInput, match="changed since the lock"):
+        plan_build(load_recipe("pr620-fp8-tp2"), resolved_lock("pr620-fp8-tp2"), root)
+
+
+def test_a_tampered_patch_is_refused_before_the_build(tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "images", root / "images")
+    patch = root / "images" / "xpu-dspark-0.21" / "patches" / "0005-dflash-proposer-dspark.patch"
+    patch.write_text(patch.read_text().replace("DSPARK_DEFAULT_CONFIDENCE_THRESHOLD = 0.5",
+                                               "DSPARK_DEFAULT_CONFIDENCE_THRESHOLD = 0.1"))
+    with pytest.raises(BadInput, match=r"patch 0005-dflash-proposer-dspark\.patch: sha256"):
+        plan_build(load_recipe("pr620-fp8-tp2"), resolved_lock("pr620-fp8-tp2"), root)
+
+
+def test_dspark_on_v1_runner_or_old_vllm_is_refused_before_any_build(tmp_path, monkeypatch, capsys):
+    native = load_recipe("dspark-int4-tp1")
+    on_v1 = native.model_copy(update={"serve": native.serve.model_copy(
+        update={"env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}})})
+    with pytest.raises(BadInput, match="runs only on Model Runner V2"):
+        refuse_known_bad(on_v1, None)
+    too_old = native.model_copy(update={"vllm_version": "0.24.1"})
+    with pytest.raises(BadInput, match=r"needs vLLM >= 0\.25\.0"):
+        refuse_known_bad(too_old, None)
+    # The same refusal reaches a user of `b70ctl image build` with a recipe file, before any engine is asked.
+    data = yaml.safe_load((REPO / "control/b70ctl/recipes/data/dspark-int4-tp1.yaml").read_text())
+    data["serve"]["env"] = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    recipe_file = tmp_path / "dspark-v1.yaml"
+    recipe_file.write_text(yaml.safe_dump(data))
+    with pytest.raises(BadInput, match="Model Runner V2"):
+        load_recipe_file(recipe_file)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    monkeypatch.setattr(sys, "argv", ["b70ctl", "image", "build", "--recipe", str(recipe_file)])
+    with pytest.raises(SystemExit) as refused:
+        main()
+    assert refused.value.code == 2
+    assert "Model Runner V2" in capsys.readouterr().err
+
+
+def test_a_series_for_another_vllm_is_refused():
+    recipe = load_recipe("pr620-fp8-tp2").model_copy(update={"vllm_version": "0.22.0"})
+    with pytest.raises(BadInput, match="written against 0.21.0"):
+        refuse_known_bad(recipe, load_series(SERIES))
+
+
+# --- real builds on a docker engine -------------------------------------------------------------------------------
+
+
+def _docker():
+    docker = pytest.importorskip("docker")
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException:
+        return None
+    return client
+
+
+@pytest.fixture(scope="module")
+def engine():
+    client = _docker()
+    if client is None:
+        # The same engine the appliance test hosts use; safe to re-run when one already answers.
+        subprocess.run([sys.executable, str(REPO / "scripts" / "testhosts"), "engine"], check=True)
+        client = _docker()
+    assert client is not None, "scripts/testhosts engine started no reachable docker engine"
+    return client
+
+
+def _debian_base(client) -> str:
+    """The Debian bookworm image scripts/testhosts imports (no registry here: nothing can be pulled)."""
+    for image in client.images.list():
+        if any(tag.startswith("b70/testhost-bookworm:") for tag in image.tags):
+            return image.id
+    subprocess.run([sys.executable, str(REPO / "scripts" / "testhosts"), "image"], check=True)
+    return _debian_base(client)
+
+
+STAND_IN_DOCKERFILE = """\
+ARG DEBIAN
+FROM ${DEBIAN}
+# Stand-in for Intel's vLLM 0.21 XPU base: pristine vLLM 0.21.0 Python source with its distribution metadata, and
+# the oneAPI environment script the entrypoint sources. No GPU stack: only the patch step is exercised.
+COPY vllm/ /usr/local/lib/python3.11/dist-packages/vllm/
+COPY vllm-0.21.0.dist-info/ /usr/local/lib/python3.11/dist-packages/vllm-0.21.0.dist-info/
+RUN mkdir -p /opt/intel/oneapi && printf 'export ONEAPI_ROOT=/opt/intel/oneapi\\n' > /opt/intel/oneapi/setvars.sh \\
+    && apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/*
+"""
+
+
+def _stand_in_base(client, source_root: Path, tmp_path: Path, tag: str) -> str:
+    context = tmp_path / f"stand-in-{tag}"
+    shutil.copytree(source_root / "vllm", context / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    info = context / "vllm-0.21.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.21.0\n")
+    (context / "Dockerfile").write_text(STAND_IN_DOCKERFILE)
+    image, _ = client.images.build(path=str(context), tag=f"localhost/b70-test/xpu-stand-in:{tag}",
+                                   buildargs={"DEBIAN": _debian_base(client)}, rm=True, pull=False)
+    return image.id
+
+
+def _build_route_a(base_id: str, monkeypatch, capsys) -> tuple[int | str | None, str, str]:
+    monkeypatch.setattr(sys, "argv", ["b70ctl", "image", "build", "--recipe", "pr620-fp8-tp2", "--base", base_id,
+                                      "--json"])
+    try:
+        main()
+        code: int | str | None = 0
+    except SystemExit as exit_info:
+        code = exit_info.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.appliance
+def test_route_a_build_on_a_local_base_applies_the_series(engine, tmp_path, monkeypatch, capsys):
+    base_id = _stand_in_base(engine, pristine_source("0.21.0"), tmp_path, "pristine")
+    code, out, err = _build_route_a(base_id, monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    for entry in load_series(SERIES).entries:
+        assert f"applied {entry.file}" in err
+    built = json.loads(out)
+    series_sha256 = load_series(SERIES).series_sha256
+    assert built["labels"][LABEL_SERIES_SHA256] == series_sha256
+    labels = engine.images.get(built["id"]).labels
+    assert labels[LABEL_SERIES_SHA256] == series_sha256
+    assert labels[LABEL_VLLM_VERSION] == "0.21.1.dev0"
+    assert labels[LABEL_BASE_DIGEST] == base_id
+    # The patched source is what the image carries, and the entrypoint sources setvars before exec.
+    output = engine.containers.run(built["id"], ["bash", "-c", 'echo "$ONEAPI_ROOT"; grep -c "is_sample = is_query$" '
+                                                 "/usr/local/lib/python3.11/dist-packages/vllm/v1/spec_decode/utils.py"],
+                                   remove=True).decode()
+    assert output.split() == ["/opt/intel/oneapi", "1"]
+    monkeypatch.setattr(sys, "argv", ["b70ctl", "image", "inspect", built["id"], "--json"])
+    main()
+    assert json.loads(capsys.readouterr().out)[LABEL_SERIES_SHA256] == series_sha256
+
+
+@pytest.mark.appliance
+def test_route_a_build_fails_naming_the_patch_when_the_base_moved(engine, tmp_path, monkeypatch, capsys):
+    moved = tmp_path / "moved"
+    shutil.copytree(pristine_source("0.21.0") / "vllm", moved / "vllm")
+    registry = moved / "vllm/model_executor/models/registry.py"
+    registry.write_text(registry.read_text().replace('"DFlashDraftModel": ("qwen3_dflash", "DFlashQwen3ForCausalLM"),',
+                                                     '"DFlashDraftModel": ("dflash_v2", "DFlashQwen3ForCausalLM"),'))
+    base_id = _stand_in_base(engine, moved, tmp_path, "moved")
+    code, _, err = _build_route_a(base_id, monkeypatch, capsys)
+    assert code == 1
+    assert "applied 0002-qwen3-dflash-dspark-draft-model.patch" in err
+    assert "patch 0003-registry-dspark-draft-model.patch does not apply" in err
