@@ -319,3 +319,26 @@ def test_cli_entry_point_prints_one_line_error_and_exit_2(tmp_path):
     assert completed.stderr.strip().splitlines() == [
         "error: lock for pr620-fp8-tp2 is not resolved: run b70ctl lock resolve --recipe pr620-fp8-tp2 where the "
         "hub and registry are reachable"]
+
+
+def test_a_lock_whose_recipe_inputs_changed_is_stale(hub_env, tmp_path):
+    recipe_file = write_recipe(tmp_path)
+    resolve_and_write(str(recipe_file))
+    write_recipe(tmp_path, image={"reference": "registry.example/b70/vllm-native", "tag": "v2", "source": "pull"})
+    with pytest.raises(BadInput) as error:
+        load_recipe_and_lock(str(recipe_file))
+    assert str(error.value) == (f"lock for store-test is stale: the recipe's image changed since it was resolved: "
+                                f"run b70ctl lock resolve --recipe {recipe_file}")
+    _, outcome = resolve_and_write(str(recipe_file))  # re-resolving follows the new tag... which does not exist
+    assert outcome.kept_previous is False and outcome.lock.image.resolved is False
+    assert "does not exist in its registry" in outcome.unresolved["image"]
+
+
+def test_every_shipped_lock_matches_its_recipe():
+    from b70ctl.lock.model import stale_inputs
+    from b70ctl.recipes import recipe_names
+
+    for name in recipe_names():
+        recipe = load_recipe(name)
+        lock = load_lock_file(lock_path_for(name))
+        assert stale_inputs(recipe, lock) == [], f"{name}: run b70ctl lock resolve --recipe {name} --offline"

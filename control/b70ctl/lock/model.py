@@ -194,7 +194,38 @@ def load_recipe_and_lock(name_or_path: str, lock_path: Path | None = None) -> tu
     if lock.recipe != recipe.name:
         raise BadInput(f"lock file {path} belongs to recipe {lock.recipe!r}, not {recipe.name!r}: "
                        f"run b70ctl lock resolve --recipe {name_or_path}")
+    stale = stale_inputs(recipe, lock)
+    if stale:
+        raise BadInput(f"lock for {recipe.name} is stale: the recipe's {stale[0]} changed since it was resolved: "
+                       f"run b70ctl lock resolve --recipe {name_or_path}")
     return recipe, lock, path
+
+
+def stale_inputs(recipe: Recipe, lock: Lock) -> list[str]:
+    """Recipe inputs the lock was not resolved from (like a flake.lock whose inputs were edited): a lock is only
+    meaningful for the exact names it followed."""
+    stale: list[str] = []
+    if lock.vllm_version != recipe.vllm_version:
+        stale.append("vllm_version")
+    image = recipe.image
+    base = image.build.base if image.source == "build" and image.build else None
+    if (lock.image.reference, lock.image.tag, lock.image.source, lock.image.base_reference) != (
+            image.reference, image.tag, image.source, base):
+        stale.append("image")
+    for role in ("target", "drafter"):
+        spec, pin = getattr(recipe, role), getattr(lock, role)
+        if (spec is None) != (pin is None):
+            stale.append(role)
+        elif spec is not None and pin is not None:
+            if spec.generated is not None:
+                tiny = recipe.tiny.model_dump(mode="json") if recipe.tiny else None
+                if pin.generated is None or pin.generated.role != spec.generated or (
+                        tiny is not None and pin.generated.spec != tiny):
+                    stale.append(role)
+            elif (pin.repo, pin.requested_revision, pin.include) != (spec.repo, spec.revision or "main",
+                                                                    list(spec.include)):
+                stale.append(role)
+    return stale
 
 
 def canonical_json(data: Any) -> str:

@@ -27,6 +27,7 @@ from b70ctl.lock.model import (
     build_lock,
     load_lock_file,
     lock_path_for,
+    stale_inputs,
     write_lock,
     appliance_hash,
 )
@@ -314,7 +315,7 @@ def resolve_and_write(name_or_path: str, *, lock_path: Path | None = None, endpo
     lock = resolve_lock(recipe, previous=previous, endpoint=endpoint, registry_url=registry_url, offline=offline,
                         repo_root=repo_root)
     unresolved = {name: getattr(lock, name).unresolved_reason or "unresolved" for name in lock.unresolved_fields()}
-    if previous is not None and previous.resolved and not lock.resolved:
+    if previous is not None and previous.resolved and not stale_inputs(recipe, previous) and not lock.resolved:
         # Never trade a working pin for a hole: keep the file, report what failed.
         return recipe, ResolveOutcome(lock=previous, lock_path=path, written=False, kept_previous=True,
                                       unresolved=unresolved)
