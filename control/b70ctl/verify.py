@@ -1,0 +1,200 @@
+"""`b70ctl verify`: smoke, greedy correctness and throughput against one endpoint, judged against the recipe.
+
+The report is rewritten after every check, marked partial until the last one finished, so an interrupted or
+failing run still leaves what it measured (report.json, report.md, raw/) and says where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from b70ctl import __version__
+from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
+from b70ctl.checks.correctness import (
+    Reference,
+    correctness_measurements,
+    load_reference,
+    run_correctness,
+    server_vllm_version,
+)
+from b70ctl.checks.smoke import run_smoke
+from b70ctl.checks.throughput import run_throughput, throughput_measurements
+from b70ctl.errors import BadInput
+from b70ctl.recipes.model import Recipe
+from b70ctl.report.markdown import render_markdown
+from b70ctl.report.model import Environment, Report
+from b70ctl.report.verdict import judge_all
+
+Progress = Callable[[str], None]
+
+# Host facts (b70ctl host facts --json, or the appliance's collected facts) mapped onto the report's
+# Environment. Missing keys stay None: a bare endpoint tells little about its host.
+HOST_FACT_FIELDS = ("hostname", "appliance_hash", "image_digest", "model_revision", "drafter_revision", "kernel",
+                    "xe_guc_firmware", "xe_huc_firmware", "compute_runtime", "gpu_count", "gpu_model",
+                    "p2p_profile")
+
+
+@dataclass
+class VerifyRequest:
+    recipe: Recipe
+    endpoint: Endpoint
+    out_dir: Path
+    baseline_endpoint: Endpoint | None = None
+    reference_path: Path | None = None
+    host_facts_path: Path | None = None
+    checks: tuple[str, ...] = ("smoke", "correctness", "throughput")
+
+
+def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write beside the target and rename over it: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_host_facts(path: Path) -> Environment:
+    try:
+        facts = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise BadInput(f"host facts {path}: cannot read JSON ({error}): pass the file `b70ctl host facts --json` "
+                       "wrote") from error
+    if not isinstance(facts, dict):
+        raise BadInput(f"host facts {path}: expected a JSON object")
+    known = {key: facts[key] for key in HOST_FACT_FIELDS if facts.get(key) is not None}
+    extra = {key: value for key, value in facts.items() if key not in HOST_FACT_FIELDS
+             and isinstance(value, (str, int, float, bool))}
+    return Environment(**known, extra=extra)
+
+
+def _preflight(request: VerifyRequest) -> tuple[Reference | None, Environment]:
+    """Everything that can be refused before a single request: exit 2, nothing written."""
+    if request.baseline_endpoint is not None and request.reference_path is not None:
+        raise BadInput("give either --baseline-endpoint or --reference, not both")
+    if "correctness" in request.checks and request.baseline_endpoint is None and request.reference_path is None:
+        raise BadInput("correctness needs a baseline: pass --baseline-endpoint URL (target-only server) or "
+                       "--reference FILE (recorded with --record-reference)")
+    reference = load_reference(request.reference_path, request.recipe) if request.reference_path else None
+    environment = load_host_facts(request.host_facts_path) if request.host_facts_path else Environment()
+    try:
+        request.out_dir.mkdir(parents=True, exist_ok=True)
+        probe = request.out_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise BadInput(f"--out {request.out_dir}: not writable ({error.strerror}): choose another directory") \
+            from error
+    return reference, environment
+
+
+def require_reachable(client: VllmClient, what: str) -> list[str]:
+    """The endpoint answers /v1/models, or exit 2 naming it and why."""
+    try:
+        return client.models()
+    except EndpointError as error:
+        raise BadInput(f"{what} {client.endpoint.base_url} unreachable: {error.reason}: check the URL and that "
+                       "the server is up (/health)") from error
+
+
+class ReportWriter:
+    def __init__(self, report: Report, recipe: Recipe, out_dir: Path):
+        self.report, self.recipe, self.out_dir = report, recipe, out_dir
+
+    def save(self) -> None:
+        write_atomically(self.out_dir / "report.json", self.report.model_dump_json(indent=2) + "\n")
+        write_atomically(self.out_dir / "report.md", render_markdown(self.report, self.recipe))
+
+
+def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
+    say = progress or (lambda _message: None)
+    recipe = request.recipe
+    reference, environment = _preflight(request)
+
+    # Every request names the model checked here, so a server with several models is checked on the right one.
+    model = request.endpoint.model or recipe.serve.served_model_name
+    client = VllmClient(replace(request.endpoint, model=model))
+    baseline_client = VllmClient(request.baseline_endpoint) if request.baseline_endpoint else None
+    try:
+        served = require_reachable(client, "endpoint")
+        if baseline_client is not None:
+            require_reachable(baseline_client, "baseline endpoint")
+        if model not in served:
+            raise BadInput(f"endpoint {request.endpoint.base_url} serves {', '.join(served)}, not the recipe's "
+                           f"{model!r}: pass the right --recipe, or --model NAME")
+
+        environment.served_model = model
+        environment.vllm_version = server_vllm_version(client)
+        environment.hostname = environment.hostname or _host_of(request.endpoint.base_url)
+        report = Report(tool_version=__version__, recipe=recipe.name, endpoint=request.endpoint.base_url,
+                        baseline=(request.baseline_endpoint.base_url if request.baseline_endpoint
+                                  else str(request.reference_path) if request.reference_path else None),
+                        started_at=datetime.now(UTC), partial=True, partial_reason="running",
+                        environment=environment)
+        writer = ReportWriter(report, recipe, request.out_dir)
+        raw_dir = request.out_dir / "raw"
+        writer.save()
+        try:
+            if "smoke" in request.checks:
+                say("smoke: health, models, completion, chat, one-token prompt, stream, metrics")
+                report.smoke = run_smoke(client, recipe)
+                writer.save()
+            if "correctness" in request.checks:
+                say(f"correctness: {len(recipe.correctness.prompts)} greedy prompts against "
+                    f"{report.baseline}")
+                baseline = reference if reference is not None else baseline_client
+                assert baseline is not None
+                report.correctness = run_correctness(client, recipe, baseline, raw_dir)
+                writer.save()
+            if "throughput" in request.checks:
+                report.throughput = run_throughput(client, recipe, raw_dir, progress=say)
+                writer.save()
+        except KeyboardInterrupt:
+            report.partial_reason = "interrupted"
+            _finish(report, recipe, complete=False)
+            writer.save()
+            raise
+        _finish(report, recipe, complete=True)
+        writer.save()
+        return report
+    finally:
+        client.close()
+        if baseline_client is not None:
+            baseline_client.close()
+
+
+def _finish(report: Report, recipe: Recipe, complete: bool) -> None:
+    measurements: dict[str, Any] = {}
+    if report.smoke is not None:
+        measurements["smoke.passed"] = 1.0 if report.smoke.passed else 0.0
+    if report.correctness is not None:
+        measurements.update(correctness_measurements(report.correctness))
+    if report.throughput is not None:
+        measurements.update(throughput_measurements(report.throughput))
+    report.measurements = measurements
+    report.verdicts = judge_all(recipe.claims, measurements)
+    report.finished_at = datetime.now(UTC)
+    if complete:
+        report.partial, report.partial_reason = False, None
+    checks_passed = all(check is None or check.passed
+                        for check in (report.smoke, report.correctness, report.throughput))
+    report.passed = (complete and checks_passed
+                     and not any(verdict.verdict == "not_met" for verdict in report.verdicts))
+
+
+def _host_of(url: str) -> str:
+    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+    return socket.gethostname() if host in ("127.0.0.1", "localhost", "[::1]") else host

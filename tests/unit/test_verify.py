@@ -1,0 +1,175 @@
+"""verify end to end against scripted servers: the report, partial reports, exit codes and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from b70ctl.checks.client import Endpoint
+from b70ctl.errors import BadInput
+from b70ctl.recipes import load_recipe
+from b70ctl.recipes.model import Claim, CorrectnessSettings
+from b70ctl.verify import VerifyRequest, verify
+from scripted_server import Script, ScriptedServer
+from test_scripted_stream import recipe_with, workload
+
+
+def scripted_recipe(*claims: Claim):
+    recipe = recipe_with(workload("short", "go", max_requests=3, min_requests=3),
+                         workload("natural", "tell", max_requests=2, min_requests=2))
+    return recipe.model_copy(update={
+        "correctness": CorrectnessSettings(prompts=["a", "b", "c"], max_tokens=7),
+        "claims": list(claims),
+    })
+
+
+SHORT_RATE = Claim(id="short-rate", description="short decode", metric="throughput.short.decode_tok_s.median",
+                   op=">=", value=1.0, source="test")
+IMPOSSIBLE = Claim(id="impossible", description="too fast", metric="throughput.short.decode_tok_s.median",
+                   op=">=", value=1e9, source="test")
+ACCEPTANCE = Claim(id="acceptance", description="acceptance", metric="throughput.short.acceptance_rate",
+                   op="between", low=0.6, high=0.65, source="test")
+UNMEASURED = Claim(id="long", description="long prompt", metric="throughput.long_prompt.decode_tok_s.median",
+                   op=">=", value=1.0, source="test")
+
+
+@pytest.fixture
+def servers():
+    with ScriptedServer() as served, ScriptedServer() as baseline:
+        yield served, baseline
+
+
+def request_for(recipe, served, baseline, out_dir, **overrides):
+    return VerifyRequest(recipe=recipe, out_dir=out_dir, endpoint=Endpoint(served.url, model="scripted", timeout_s=5),
+                         baseline_endpoint=Endpoint(baseline.url, model="scripted", timeout_s=5), **overrides)
+
+
+def test_full_run_writes_report_with_verdicts(servers, tmp_path):
+    served, baseline = servers
+    recipe = scripted_recipe(SHORT_RATE, ACCEPTANCE, IMPOSSIBLE, UNMEASURED)
+    report = verify(request_for(recipe, served, baseline, tmp_path))
+
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk["partial"] is False and on_disk["schema_version"] == 1
+    assert report.smoke.passed and report.correctness.passed and report.throughput.passed
+    assert (report.correctness.identical, report.correctness.total) == (3, 3)
+    verdicts = {v.claim_id: v.verdict for v in report.verdicts}
+    # The scripted server accepts 25 of 40 draft tokens per request: 0.625.
+    assert report.measurements["throughput.short.acceptance_rate"] == pytest.approx(0.625)
+    assert verdicts == {"short-rate": "met", "acceptance": "met", "impossible": "not_met", "long": "not_measured"}
+    assert report.passed is False  # one claim not met
+    markdown = (tmp_path / "report.md").read_text()
+    for heading in ("## Configuration", "## Verdicts", "## Throughput", "## Correctness and stability",
+                    "## Edge cases and smoke"):
+        assert heading in markdown
+    assert "3/3 identical" in markdown
+    assert list((tmp_path / "raw" / "throughput" / "short").glob("00*.json"))
+
+
+def test_all_claims_met_passes(servers, tmp_path):
+    served, baseline = servers
+    report = verify(request_for(scripted_recipe(SHORT_RATE), served, baseline, tmp_path))
+    assert report.passed is True
+
+
+def test_interrupted_run_leaves_a_partial_report(servers, tmp_path):
+    served, baseline = servers
+
+    def interrupt(message: str) -> None:
+        if message.startswith("short: request 2"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        verify(request_for(scripted_recipe(SHORT_RATE), served, baseline, tmp_path), progress=interrupt)
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk["partial"] is True and on_disk["partial_reason"] == "interrupted"
+    assert on_disk["smoke"]["passed"] is True and on_disk["correctness"]["identical"] == 3
+    assert on_disk["passed"] is False
+    assert "PARTIAL" in (tmp_path / "report.md").read_text()
+
+
+def test_http_500_fails_a_check_and_keeps_the_rest(servers, tmp_path):
+    served, baseline = servers
+    served.scripts["tell"] = Script(ttft_s=0.01, offsets_s=[0.0], tokens_per_chunk=[2], mode="http500")
+    report = verify(request_for(scripted_recipe(SHORT_RATE), served, baseline, tmp_path))
+    natural = {w.name: w for w in report.throughput.workloads}["natural"]
+    assert "HTTP 500" in natural.error
+    assert report.throughput.passed is False and report.passed is False
+    assert report.measurements["throughput.short.decode_tok_s.median"] > 0
+
+
+def test_unreachable_endpoint_is_bad_input(tmp_path):
+    recipe = scripted_recipe(SHORT_RATE)
+    with ScriptedServer() as baseline:
+        request = VerifyRequest(recipe=recipe, out_dir=tmp_path, endpoint=Endpoint("http://127.0.0.1:9", timeout_s=2),
+                                baseline_endpoint=Endpoint(baseline.url, timeout_s=2))
+        with pytest.raises(BadInput, match=r"endpoint http://127.0.0.1:9 unreachable: .*connection refused"):
+            verify(request)
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_wrong_model_is_bad_input(servers, tmp_path):
+    served, baseline = servers
+    recipe = scripted_recipe(SHORT_RATE)
+    request = VerifyRequest(recipe=recipe, out_dir=tmp_path, endpoint=Endpoint(served.url, model="other"),
+                            baseline_endpoint=Endpoint(baseline.url))
+    with pytest.raises(BadInput, match="serves scripted, not the recipe's 'other'"):
+        verify(request)
+
+
+def test_correctness_without_baseline_is_refused(servers, tmp_path):
+    served, _ = servers
+    request = VerifyRequest(recipe=scripted_recipe(), out_dir=tmp_path, endpoint=Endpoint(served.url))
+    with pytest.raises(BadInput, match="correctness needs a baseline"):
+        verify(request)
+
+
+def test_cli_exit_codes_and_one_line_errors(tmp_path):
+    unreachable = subprocess.run(
+        [sys.executable, "-c", "from b70ctl.cli import main; main()", "verify", "--endpoint", "http://127.0.0.1:9",
+         "--recipe", "cpu-tiny", "--baseline-endpoint", "http://127.0.0.1:9", "--out", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=120)
+    assert unreachable.returncode == 2
+    lines = [line for line in unreachable.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "unreachable" in lines[0], unreachable.stderr
+
+
+def test_reference_of_another_recipe_is_refused_before_any_request(servers, tmp_path):
+    served, baseline = servers
+    from b70ctl.checks.client import VllmClient
+    from b70ctl.checks.correctness import record_reference
+
+    recipe = scripted_recipe(SHORT_RATE)
+    reference = tmp_path / "ref.json"
+    with VllmClient(Endpoint(baseline.url, model="scripted")) as client:
+        record_reference(client, recipe, reference)
+    other = recipe.model_copy(update={"name": "pr620-fp8-tp2"})
+    before = len(served.requests)
+    request = VerifyRequest(recipe=other, out_dir=tmp_path / "out", endpoint=Endpoint(served.url, model="scripted"),
+                            reference_path=reference)
+    with pytest.raises(BadInput, match="reference"):
+        verify(request)
+    assert len(served.requests) == before
+
+
+def test_api_key_is_sent_but_never_written(servers, tmp_path):
+    served, baseline = servers
+    secret = "sk-test-0123456789"
+    key_file = tmp_path / "key"
+    key_file.write_text(secret + "\n")
+    key_file.chmod(0o600)
+    from b70ctl.cli import read_api_key
+
+    key = read_api_key(key_file)
+    request = VerifyRequest(recipe=scripted_recipe(SHORT_RATE), out_dir=tmp_path / "out",
+                            endpoint=Endpoint(served.url, model="scripted", api_key=key),
+                            baseline_endpoint=Endpoint(baseline.url, model="scripted"))
+    report = verify(request)
+    assert report.passed
+    for path in (tmp_path / "out").rglob("*"):
+        if path.is_file():
+            assert secret not in path.read_text(errors="replace"), path
+    assert secret not in repr(request.endpoint)
