@@ -14,7 +14,7 @@ import pytest
 
 from b70ctl.errors import BadInput
 from b70ctl.models.convert import PROVENANCE_FILE, convert, converted_config
-from store_fixtures import TARGET_CONFIG, drafter_config, drafter_files, sha256, target_files
+from store_fixtures import drafter_config, drafter_files, sha256, target_files
 
 B70CTL = str(Path(sys.executable).with_name("b70ctl"))
 
@@ -152,10 +152,12 @@ def test_versions_without_native_dspark_are_refused(models, tmp_path):
 def test_cli_takes_the_version_from_the_recipe_and_exits_2_on_bad_input(models, tmp_path):
     src, target = models
     dst = tmp_path / "downloaded" / "converted"
-    done = subprocess.run([B70CTL, "model", "convert", str(src), str(dst), "--target", str(target),
-                           "--recipe", "dspark-int4-tp1"], capture_output=True, text=True)
+    # No --target: the fetch layout puts it beside the drafter (DEST/target, DEST/drafter).
+    done = subprocess.run([B70CTL, "model", "convert", str(src), str(dst), "--recipe", "dspark-int4-tp1"],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["vllm_version"] == "0.29.0"
+    assert _config(dst)["architectures"] == ["Qwen3DSparkModel"]
     (src / "config.json").write_text(json.dumps(drafter_config(vocab_size=2048)))
     bad = subprocess.run([B70CTL, "model", "convert", str(src), str(tmp_path / "x"), "--target", str(target),
                           "--vllm-version", "0.30.0"], capture_output=True, text=True)

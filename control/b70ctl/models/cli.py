@@ -64,7 +64,8 @@ def cache_command(
 def convert_command(
     src: Annotated[Path, typer.Argument(help="The drafter as downloaded")],
     dst: Annotated[Path, typer.Argument(help="Where to write the servable drafter (same filesystem as SRC)")],
-    target: Annotated[Path, typer.Option("--target", help="The target model's directory (its config.json)")],
+    target: Annotated[Optional[Path], typer.Option(
+        "--target", help="The target model's directory (default: SRC/../target, the fetch layout)")] = None,
     vllm_version: Annotated[Optional[str], typer.Option(
         "--vllm-version", help="vLLM that will serve it (default: the recipe's)")] = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="Recipe: default vLLM version, "
@@ -86,4 +87,9 @@ def convert_command(
             source_revision = None
     if vllm_version is None:
         raise BadInput("no vLLM version: give --vllm-version V or --recipe NAME")
+    if target is None:
+        target = src.parent / "target"
+        if not (target / "config.json").is_file():
+            raise BadInput(f"no target beside {src} ({target}/config.json): give --target DIR, the drafter is "
+                           "checked against the target it will draft for")
     _print_json(convert(src, dst, vllm_version, target, source_revision))
