@@ -82,6 +82,25 @@ class _TappedStream(httpx.SyncByteStream):
         self._inner.close()
 
 
+class ClockSpy:
+    """Stands in for the client module's `time`: the same clock, with every reading kept, so a test knows the
+    instant the client started a request (its last reading before the request reached the transport)."""
+
+    def __init__(self) -> None:
+        self.readings: list[float] = []
+
+    def perf_counter(self) -> float:
+        now = time.perf_counter()
+        self.readings.append(now)
+        return now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    def last_reading_before(self, instant: float) -> float:
+        return max(reading for reading in self.readings if reading <= instant)
+
+
 def most_tokens_in_one_second(events: list[tuple[float, int]]) -> int:
     """Brute force, independent of stats.peak_tok_s: every window [t_i, t_i + 1)."""
     return max(sum(n for t, n in events if start <= t < start + 1.0) for start, _ in events)
@@ -111,7 +130,9 @@ def client_for(server: ScriptedServer, model: str | None = "scripted", timeout_s
 
 
 # -- arithmetic ------------------------------------------------------------------------------------------
-def test_decode_peak_and_ttft_match_the_script(server, tmp_path):
+def test_decode_peak_and_ttft_match_the_script(server, tmp_path, monkeypatch):
+    clock = ClockSpy()
+    monkeypatch.setattr("b70ctl.checks.client.time", clock)
     server.scripts["timed"] = TIMED
     recipe = recipe_with(workload("timed", "timed", min_requests=2, max_requests=2))
     messages: list[str] = []
@@ -125,14 +146,15 @@ def test_decode_peak_and_ttft_match_the_script(server, tmp_path):
     streamed = [index for index, (_, reads) in enumerate(tap.requests) if any(b"token_ids" in d for _, d in reads)]
     assert len(streamed) == 2
     for sample, index in zip(timed.requests, streamed):
-        _, events = tap.delivered_events(index)
+        tap_start, events = tap.delivered_events(index)
+        client_start = clock.last_reading_before(tap_start)
         assert [n for _, n in events] == TIMED.tokens_per_chunk
         assert sample.completion_tokens == TIMED_TOKENS and sample.usage_completion_tokens == TIMED_TOKENS
         assert sample.chunks == 14
         delivered_decode = (TIMED_TOKENS - 1) / (events[-1][0] - events[0][0])
         assert sample.decode_tok_s == pytest.approx(delivered_decode, rel=1e-3)
-        # The client's clock starts before httpx builds the request, the tap's after (~1 ms on a loaded machine).
-        assert sample.ttft_s == pytest.approx(events[0][0], rel=1e-3)
+        # From the client's start, which precedes httpx building the request (ms on a loaded machine).
+        assert sample.ttft_s == pytest.approx(events[0][0] + tap_start - client_start, rel=1e-3)
         assert sample.peak_tok_s == most_tokens_in_one_second(events)
         # ... and what was delivered is the script, give or take the machine's scheduling.
         assert sample.decode_tok_s == pytest.approx(TIMED_DECODE_TOK_S, rel=NOMINAL_TOLERANCE)
