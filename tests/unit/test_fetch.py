@@ -278,3 +278,24 @@ def test_generated_models_follow_the_locked_spec(tmp_path):
     assert json.loads((dest / "target" / "config.json").read_text())["vocab_size"] == 300
     assert check_installed(recipe, lock, {"target": dest / "target", "drafter": dest / "drafter"}).ok
     assert fetch(recipe, lock, dest).changed is False
+
+
+def test_convert_of_a_fetched_drafter_reuses_the_verified_hashes(locked, tmp_path):
+    from b70ctl.models.convert import PROVENANCE_FILE, convert
+
+    recipe, lock, _ = locked
+    dest = tmp_path / "models"
+    fetch(recipe, lock, dest)
+    converted = dest / "drafter-vllm-0.32.0"
+    convert(dest / "drafter", converted, "0.32.0", dest / "target", source_revision=lock.drafter.revision)
+    provenance = json.loads((converted / PROVENANCE_FILE).read_text())
+    assert provenance["source_revision"] == lock.drafter.revision
+    assert provenance["source_files"] == {
+        f.path: {"sha256": f.sha256, "size_bytes": f.size_bytes,
+                 "hashed_by": "model fetch (verified against the lock)"} for f in lock.drafter.files}
+    # A file changed after fetch verified it is hashed again, never trusted.
+    (dest / "drafter" / "config.json").write_text((dest / "drafter" / "config.json").read_text() + "\n")
+    convert(dest / "drafter", converted, "0.32.0", dest / "target")
+    provenance = json.loads((converted / PROVENANCE_FILE).read_text())
+    assert provenance["source_files"]["config.json"]["hashed_by"] == "model convert"
+    assert provenance["source_files"]["model.safetensors"]["hashed_by"].startswith("model fetch")

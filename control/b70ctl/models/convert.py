@@ -183,12 +183,33 @@ def _source_files(src: Path) -> list[str]:
                   and ".b70ctl" not in p.relative_to(src).parts)
 
 
+def _fetch_verified(src: Path) -> dict[str, Any]:
+    """What `model fetch` recorded when it verified SRC (DEST/.b70ctl/verified-ROLE.json), if SRC is its output."""
+    marker = src.parent / ".b70ctl" / f"verified-{src.name}.json"
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    files = data.get("files") if isinstance(data, dict) else None
+    return files if isinstance(files, dict) else {}
+
+
 def _provenance(src: Path, vllm_version: str, source_revision: str | None, changes: list[str],
                 config_text: str) -> dict[str, Any]:
+    """Every source file's sha256. A file fetch verified and nobody touched since (same size, mtime, inode) takes
+    the hash fetch checked against the lock: converting a fetched drafter reads none of its weights."""
+    verified = _fetch_verified(src)
     files = {}
     for relative in _source_files(src):
         stat = (src / relative).stat()
-        files[relative] = {"sha256": sha256_file(src / relative), "size_bytes": stat.st_size}
+        recorded = verified.get(relative) or {}
+        if (recorded.get("size_bytes"), recorded.get("mtime_ns"), recorded.get("inode")) == (
+                stat.st_size, stat.st_mtime_ns, stat.st_ino) and recorded.get("sha256"):
+            files[relative] = {"sha256": recorded["sha256"], "size_bytes": stat.st_size,
+                               "hashed_by": "model fetch (verified against the lock)"}
+        else:
+            files[relative] = {"sha256": sha256_file(src / relative), "size_bytes": stat.st_size,
+                               "hashed_by": "model convert"}
     return {
         "converter_version": CONVERTER_VERSION,
         "vllm_version": vllm_version,
@@ -225,6 +246,9 @@ def _up_to_date(dst: Path, src: Path, vllm_version: str, config_text: str) -> bo
         return False
     for relative in files:
         if relative == "config.json":
+            # Small: hash it, so the provenance never records a source config that is no longer there.
+            if recorded["source_files"][relative].get("sha256") != sha256_file(src / relative):
+                return False
             continue
         if not (dst / relative).is_file() or not os.path.samefile(src / relative, dst / relative):
             return False
