@@ -13,9 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from b70ctl.fleet.aggregate import aggregate
 from b70ctl.fleet.model import FleetReport
-from b70ctl.fleet.render import write_fleet_report
 
 app = typer.Typer(no_args_is_help=True, help="Fleet replication reports from many hosts' reports.")
 
@@ -56,6 +54,10 @@ def report_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print fleet.json to stdout")] = False,
 ) -> None:
     """Aggregate per-host reports into fleet.json, fleet.md and fleet.html, with verdicts, drift and outliers."""
+    # Imported here: matplotlib costs every other b70ctl command seconds of start-up otherwise.
+    from b70ctl.fleet.aggregate import aggregate
+    from b70ctl.fleet.render import write_fleet_report
+
     report = aggregate(reports_dir)
     paths = write_fleet_report(report, out)
     if as_json:

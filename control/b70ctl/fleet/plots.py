@@ -17,9 +17,11 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from matplotlib.collections import LineCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from b70ctl.fleet import stats  # noqa: E402
 from b70ctl.fleet.model import FIELD_LABELS, FingerprintGroup, HostEntry, RecipeFleet  # noqa: E402
 
 RASTERIZE_ABOVE_HOSTS = 300
+CURVES_UP_TO_HOSTS = 60
 NAMED_TICKS_UP_TO_HOSTS = 40
 ANNOTATED_OUTLIERS_PER_PANEL = 8
 GROUP_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
@@ -116,10 +118,16 @@ def decode_per_host_svg(fleet: RecipeFleet, hosts: Sequence[HostEntry]) -> str |
             points = sorted(((f.median_decode_tok_s, h.host) for h in usable
                              if (f := h.workload(workload.workload)) is not None
                              and f.median_decode_tok_s is not None))
-            ranks = range(len(points))
             rasterize = len(points) > RASTERIZE_ABOVE_HOSTS
-            axes.scatter(ranks, [p[0] for p in points], c=[color_of.get(p[1], OTHER_COLOR) for p in points],
-                         s=22 if len(points) <= 200 else 6, zorder=3, rasterized=rasterize, linewidths=0)
+            by_color: dict[str, tuple[list[int], list[float]]] = {}
+            for rank, (value, host) in enumerate(points):
+                xs, ys = by_color.setdefault(color_of.get(host, OTHER_COLOR), ([], []))
+                xs.append(rank)
+                ys.append(value)
+            # One marker line per color: far cheaper to draw than a scatter with a color per point.
+            for color, (xs, ys) in by_color.items():
+                axes.plot(xs, ys, linestyle="", marker="o", markersize=4.5 if len(points) <= 200 else 2.5,
+                          markeredgewidth=0, color=color, zorder=3, rasterized=rasterize)
             flagged = [(rank, value, host) for rank, (value, host) in enumerate(points)
                        if (host, workload.workload) in outliers]
             if flagged:
@@ -151,7 +159,7 @@ def decode_per_host_svg(fleet: RecipeFleet, hosts: Sequence[HostEntry]) -> str |
             axes.set_ylabel("tok/s")
             axes.set_ylim(bottom=0)
             if named_ticks:
-                axes.set_xticks(list(ranks), [p[1] for p in points], rotation=90, fontsize=7)
+                axes.set_xticks(list(range(len(points))), [p[1] for p in points], rotation=90, fontsize=7)
             else:
                 axes.set_xlabel("hosts, sorted by tok/s")
             handles, labels = axes.get_legend_handles_labels()
@@ -178,13 +186,21 @@ def acceptance_curves_svg(fleet: RecipeFleet, hosts: Sequence[HostEntry]) -> str
             axes = axes_grid[index // columns][index % columns]
             curves = [f.per_position_acceptance for h in usable
                       if (f := h.workload(workload.workload)) is not None and f.per_position_acceptance]
-            segments = [list(zip(range(1, len(c) + 1), c, strict=True)) for c in curves]
-            alpha = max(0.03, min(0.5, 15 / max(len(curves), 1)))
-            collection = LineCollection(segments, colors="#555555", linewidths=0.8, alpha=alpha,
-                                        rasterized=len(curves) > RASTERIZE_ABOVE_HOSTS, label=f"hosts ({len(curves)})")
-            axes.add_collection(collection)
             median_curve = workload.per_position_acceptance_median
             positions = list(range(1, len(median_curve) + 1))
+            if len(curves) <= CURVES_UP_TO_HOSTS:
+                segments = [list(zip(range(1, len(c) + 1), c, strict=True)) for c in curves]
+                axes.add_collection(LineCollection(segments, colors="#555555", linewidths=0.8, alpha=0.35,
+                                                   label=f"hosts ({len(curves)})"))
+            else:
+                # Thousands of lines are unreadable and slow to draw: the spread across hosts says the same.
+                columns_of = [[c[p] for c in curves if len(c) > p] for p in range(len(positions))]
+                ordered = [sorted(column) for column in columns_of]
+                axes.fill_between(positions, [c[0] for c in ordered], [c[-1] for c in ordered], color="#555555",
+                                  alpha=0.12, linewidth=0, label=f"hosts ({len(curves)}): min..max")
+                axes.fill_between(positions, [stats.quantile(c, 0.1) for c in ordered],
+                                  [stats.quantile(c, 0.9) for c in ordered], color="#555555", alpha=0.3,
+                                  linewidth=0, label="p10..p90")
             axes.plot(positions, median_curve, color="black", linewidth=2, marker="o", label="fleet median")
             for line in workload.claims:
                 if line.op == "per_position" and line.values:

@@ -10,12 +10,20 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from b70ctl.fleet import plots
-from b70ctl.fleet.model import DRIFT_FIELDS, FIELD_LABELS, FingerprintGroup, FleetReport, HostEntry, RecipeFleet
+from b70ctl.fleet.model import (
+    DRIFT_FIELDS,
+    FIELD_LABELS,
+    FingerprintGroup,
+    FleetReport,
+    HostEntry,
+    RecipeFleet,
+    WorkloadFigures,
+)
 
 FLEET_JSON = "fleet.json"
 FLEET_MD = "fleet.md"
@@ -101,15 +109,41 @@ def _sorted_hosts(report: FleetReport) -> list[HostEntry]:
     return sorted(report.hosts, key=attention)
 
 
+@dataclass(frozen=True)
+class HostRow:
+    """One host's table row, prepared here: thousands of rows through template attribute lookups cost more
+    than the rest of the report."""
+
+    entry: HostEntry
+    claims_met: str
+    claims_missed: str
+    figures: list[WorkloadFigures | None]
+    environment: list[str | None]
+
+
+def _host_row(entry: HostEntry, workloads: list[str]) -> HostRow:
+    met = sum(1 for v in entry.verdicts if v.verdict == "met")
+    figures_of = {f.name: f for f in entry.workloads}
+    environment = [getattr(entry.environment, name) for name in DRIFT_FIELDS]
+    return HostRow(
+        entry=entry,
+        claims_met=f"{met}/{len(entry.verdicts)}" if entry.verdicts else "–",
+        claims_missed=", ".join(f"{v.claim_id} {v.verdict}" for v in entry.verdicts if v.verdict != "met"),
+        figures=[figures_of.get(name) for name in workloads],
+        environment=[None if value is None else str(value) for value in environment],
+    )
+
+
 def _context(report: FleetReport) -> dict[str, object]:
     workloads_of = {fleet.recipe: [w.workload for w in fleet.workloads] for fleet in report.recipes}
+    all_workloads = list(dict.fromkeys(name for names in workloads_of.values() for name in names))
     return {
         "report": report,
-        "hosts": _sorted_hosts(report),
+        "rows": [_host_row(entry, all_workloads) for entry in _sorted_hosts(report)],
         "drift_fields": DRIFT_FIELDS,
         "field_labels": FIELD_LABELS,
         "workloads_of": workloads_of,
-        "all_workloads": list(dict.fromkeys(name for names in workloads_of.values() for name in names)),
+        "all_workloads": all_workloads,
     }
 
 
@@ -118,6 +152,8 @@ def render_markdown(report: FleetReport) -> str:
 
 
 def _plots_of(fleet: RecipeFleet, hosts: list[HostEntry]) -> dict[str, str | None]:
+    from b70ctl.fleet import plots  # matplotlib: loaded only when an HTML report is drawn
+
     members = [h for h in hosts if h.recipe == fleet.recipe]
     return {
         "decode": plots.decode_per_host_svg(fleet, members),

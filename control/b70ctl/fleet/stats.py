@@ -14,6 +14,9 @@ OUTLIER_THRESHOLD = 3.5
 MAD_TO_SIGMA = 0.6745
 # When more than half the values are equal, MAD is 0; the mean absolute deviation (scaled to sigma) stands in.
 MEAN_AD_TO_SIGMA = 0.7979
+# The spread never counts as less than 1% of the median: with few hosts, or hosts that agree to 0.1%, MAD alone
+# would call a 1% difference an outlier. With this floor a host within ~5% of the fleet median never is one.
+MIN_SPREAD_FRACTION = 0.01
 
 T = TypeVar("T", bound=Hashable)
 
@@ -51,19 +54,19 @@ def distribution(values: Sequence[float]) -> Distribution | None:
 
 
 def robust_z_scores(values: Sequence[float]) -> list[float] | None:
-    """Modified z-score of each value: MAD_TO_SIGMA * (x - median) / MAD. None when the values have no spread
-    at all (every value equal) or there are fewer than 3: nothing can stand out then."""
+    """Modified z-score of each value: (x - median) / sigma, sigma = MAD / MAD_TO_SIGMA (or the scaled mean absolute
+    deviation when MAD is 0), never below MIN_SPREAD_FRACTION x |median|. None when there are fewer than 3
+    values, or all are 0: nothing can stand out then."""
     if len(values) < 3:
         return None
     center = median(values)
     deviations = [abs(v - center) for v in values]
     mad = median(deviations)
-    if mad > 0:
-        return [MAD_TO_SIGMA * (v - center) / mad for v in values]
-    mean_deviation = sum(deviations) / len(deviations)
-    if mean_deviation == 0:
+    sigma = mad / MAD_TO_SIGMA if mad > 0 else sum(deviations) / len(deviations) / MEAN_AD_TO_SIGMA
+    sigma = max(sigma, MIN_SPREAD_FRACTION * abs(center))
+    if sigma == 0:
         return None
-    return [MEAN_AD_TO_SIGMA * (v - center) / mean_deviation for v in values]
+    return [(v - center) / sigma for v in values]
 
 
 def plurality(counts: Counter[T]) -> T | None:

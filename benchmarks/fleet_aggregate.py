@@ -1,0 +1,133 @@
+"""Fleet report at scale: aggregate 100 / 1,000 / 5,000 generated host reports into fleet.json, fleet.md and
+fleet.html; print wall time, CPU time and peak memory per size.
+
+    .venv/bin/python benchmarks/fleet_aggregate.py [--sizes 100,1000,5000] [--keep DIR]
+
+The reports are generated first (not timed): pr620-fp8-tp2 hosts with 8 requests per workload and 5 greedy
+comparisons of 128 token ids each (the size of a real verify report), 10% no-P2P hosts 12% slower, 3% on another
+kernel, 1% slow outliers, 0.5% unreachable and 0.2% truncated reports. Each size is then measured in a fresh
+process, twice: once for time and resident memory (ru_maxrss, and its growth over the process after imports),
+once under tracemalloc for the peak Python heap (tracemalloc slows allocation, so that run is not timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def generate(reports_dir: Path, hosts: int) -> None:
+    sys.path.insert(0, str(REPO / "tests" / "unit"))
+    from fleet_factory import environment_for, make_report, write_host
+
+    for index in range(hosts):
+        host = f"b70-{index:05d}"
+        if index % 200 == 17:
+            write_host(reports_dir, host, unreachable={"kind": "unreachable", "stage": "verify",
+                                                       "reason": "ssh: connect timed out", "recipe": "pr620-fp8-tp2"})
+            continue
+        overrides: dict[str, object] = {}
+        speed = 1.0
+        if index % 10 == 3:
+            overrides["p2p_profile"] = "no-p2p"
+            speed = 0.88
+        if index % 33 == 5:
+            overrides["kernel"] = "6.14.0-1011-intel"
+        if index % 100 == 51:
+            speed = 0.6
+        report = make_report("pr620-fp8-tp2", host, speed=speed, environment=environment_for(host, **overrides),
+                             requests_per_workload=8, tokens_per_comparison=128)
+        if index % 500 == 99:
+            text = report.model_dump_json()
+            write_host(reports_dir, host).joinpath("report.json").write_text(text[: len(text) // 2])
+        else:
+            write_host(reports_dir, host, report)
+
+
+def measure(reports_dir: Path, out_dir: Path, trace: bool) -> dict[str, float]:
+    """Runs in a fresh process: aggregate + render all three outputs once."""
+    import tracemalloc
+
+    from b70ctl.fleet import plots  # noqa: F401  (import cost is not aggregation cost)
+    from b70ctl.fleet.aggregate import aggregate
+    from b70ctl.fleet.render import write_fleet_report
+
+    rss_after_imports_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if trace:
+        tracemalloc.start()
+    wall_start, cpu_start = time.perf_counter(), time.process_time()
+    report = aggregate(reports_dir)
+    aggregated_s = time.perf_counter() - wall_start
+    paths = write_fleet_report(report, out_dir)
+    wall_s, cpu_s = time.perf_counter() - wall_start, time.process_time() - cpu_start
+    result = {
+        "hosts": report.summary.hosts,
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "aggregate_wall_s": aggregated_s,
+        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_growth_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_after_imports_kib) / 1024,
+        "json_kib": paths["fleet.json"].stat().st_size / 1024,
+        "md_kib": paths["fleet.md"].stat().st_size / 1024,
+        "html_kib": paths["fleet.html"].stat().st_size / 1024,
+    }
+    if trace:
+        result["traced_peak_mib"] = tracemalloc.get_traced_memory()[1] / 2**20
+    return result
+
+
+def _child(reports_dir: Path, out_dir: Path, trace: bool) -> dict[str, float]:
+    command = [sys.executable, __file__, "--measure", str(reports_dir), str(out_dir)] + (["--trace"] if trace else [])
+    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(completed.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100,1000,5000")
+    parser.add_argument("--keep", type=Path, help="Generate into this directory and keep it")
+    parser.add_argument("--measure", nargs=2, type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(*args.measure, trace=args.trace)))
+        return
+    sizes = [int(size) for size in args.sizes.split(",")]
+    root = args.keep or Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    largest = root / f"reports-{max(sizes)}"
+    started = time.perf_counter()
+    if not largest.is_dir():
+        generate(largest, max(sizes))
+    print(f"generated {max(sizes)} host reports in {time.perf_counter() - started:.1f} s under {root} "
+          f"(report.json about {(largest / 'b70-00000' / 'report.json').stat().st_size / 1024:.0f} KiB each)")
+    print(f"{'hosts':>6} {'wall s':>7} {'cpu s':>6} {'aggregate s':>11} {'max RSS MiB':>11} {'RSS growth MiB':>14} "
+          f"{'heap peak MiB':>13} {'json KiB':>8} {'md KiB':>7} {'html KiB':>8}")
+    for size in sizes:
+        reports_dir = largest
+        if size != max(sizes):
+            # The first `size` hosts of the largest set, linked: the same reports, no second generation.
+            reports_dir = root / f"reports-{size}"
+            if not reports_dir.is_dir():
+                reports_dir.mkdir()
+                for host in sorted(os.listdir(largest))[:size]:
+                    (reports_dir / host).symlink_to(largest / host)
+        timed = _child(reports_dir, root / f"out-{size}", trace=False)
+        traced = _child(reports_dir, root / f"out-{size}-traced", trace=True)
+        print(f"{timed['hosts']:>6} {timed['wall_s']:>7.2f} {timed['cpu_s']:>6.2f} {timed['aggregate_wall_s']:>11.2f} "
+              f"{timed['max_rss_mib']:>11.0f} {timed['rss_growth_mib']:>14.0f} {traced['traced_peak_mib']:>13.1f} "
+              f"{timed['json_kib']:>8.0f} {timed['md_kib']:>7.0f} {timed['html_kib']:>8.0f}", flush=True)
+    if args.keep is None:
+        print(f"(generated reports left in {root}; remove it when done)")
+
+
+if __name__ == "__main__":
+    main()

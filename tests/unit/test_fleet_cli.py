@@ -1,0 +1,58 @@
+"""`b70ctl fleet report`: the three files, --json, and exit codes 0 (all met), 1 (some not), 2 (bad input)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from fleet_factory import make_report, write_host
+
+
+def b70ctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "from b70ctl.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_all_met_exits_0_and_writes_three_files(tmp_path):
+    for index in range(3):
+        write_host(tmp_path / "reports", f"h{index}", make_report("cpu-tiny", f"h{index}"))
+    result = b70ctl("fleet", "report", str(tmp_path / "reports"), "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert "3 of 3 hosts met every claim" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fleet.html", "fleet.json", "fleet.md"]
+
+
+def test_a_host_not_meeting_a_claim_exits_1_and_json_goes_to_stdout(tmp_path):
+    write_host(tmp_path / "reports", "fast", make_report("cpu-tiny", "fast"))
+    write_host(tmp_path / "reports", "slow", make_report("cpu-tiny", "slow", speed=0.1))
+    result = b70ctl("fleet", "report", str(tmp_path / "reports"), "--out", str(tmp_path / "out"), "--json")
+    assert result.returncode == 1, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed == json.loads((tmp_path / "out" / "fleet.json").read_text())
+    (fleet,) = printed["recipes"]
+    assert {c["claim_id"]: c["hosts_not_met"] for c in fleet["claims"]}["short-median"] == ["slow"]
+
+
+def test_corrupt_report_exits_1_and_is_named(tmp_path):
+    write_host(tmp_path / "reports", "ok", make_report("cpu-tiny", "ok"))
+    write_host(tmp_path / "reports", "broken").joinpath("report.json").write_text('{"schema_version": 1, "rec')
+    result = b70ctl("fleet", "report", str(tmp_path / "reports"), "--out", str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert "truncated (excluded): " in result.stderr and "broken/report.json" in result.stderr
+
+
+def test_missing_or_empty_reports_dir_exits_2_with_one_line(tmp_path):
+    for reports_dir in (tmp_path / "missing", tmp_path):
+        result = b70ctl("fleet", "report", str(reports_dir), "--out", str(tmp_path / "out"))
+        assert result.returncode == 2
+        assert result.stderr.startswith("error: reports directory ")
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_entry_point_is_registered():
+    result = b70ctl("fleet", "--help")
+    assert result.returncode == 0 and "report" in result.stdout
+    assert Path(sys.executable).with_name("b70ctl").exists()
