@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
+from b70ctl.checks.client import Endpoint, VllmClient
 from b70ctl.checks.correctness import (
     REFERENCE_SCHEMA_VERSION,
     Reference,
@@ -301,6 +301,24 @@ def test_unreachable_baseline(recipe, tmp_path):
     assert measurements["correctness.total"] == 0
 
 
+def test_a_server_without_token_ids_cannot_be_compared(recipe, tmp_path):
+    """An old vLLM ignores return_token_ids: comparing text instead would hide divergences, so it is a reason."""
+
+    def no_token_ids(request: httpx.Request) -> httpx.Response:
+        answer = ScriptedVllm(NATURAL).handle(request)
+        if request.url.path == "/v1/completions":
+            data = answer.json()
+            del data["choices"][0]["token_ids"]
+            return httpx.Response(200, json=data)
+        return answer
+
+    old = VllmClient(Endpoint(base_url="http://old.test", model="tiny-qwen3"),
+                     transport=httpx.MockTransport(no_token_ids))
+    result = run_correctness(old, recipe, client_for(ScriptedVllm(NATURAL)), tmp_path)
+    assert result.total == 0 and result.passed is False
+    assert "served endpoint failed on prompt 0" in result.reason and "return_token_ids" in result.reason
+
+
 def test_looping_output_is_garbage_even_when_identical(recipe, tmp_path):
     looping = dict(NATURAL, p0=[11, 12] + [7] * 10)
     result = run_correctness(client_for(ScriptedVllm(looping)), recipe, client_for(ScriptedVllm(looping)), tmp_path)
@@ -382,8 +400,12 @@ def test_reference_without_version_endpoint(recipe, tmp_path):
 
 
 def test_record_reference_writes_nothing_when_the_server_fails(recipe, tmp_path):
-    with pytest.raises(EndpointError, match="HTTP 500"):
+    with pytest.raises(BadInput) as refused:
         record_reference(client_for(ScriptedVllm(NATURAL, fail_after=1)), recipe, tmp_path / "r.json")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "http://served.test failed on prompt 1: POST /v1/completions: HTTP 500: EngineCore died" in message
+    assert "nothing written" in message
     assert list(tmp_path.iterdir()) == []
 
 

@@ -100,14 +100,23 @@ def server_vllm_version(client: VllmClient) -> str | None:
 
 def record_reference(client: VllmClient, recipe: Recipe, path: Path) -> Reference:
     """Generate the recipe's correctness prompts greedily on `client` (meant to be a target-only server) and
-    write them to `path` atomically. Raises EndpointError when the server fails; nothing is written then."""
+    write them to `path` atomically. A server failing on any prompt is BadInput (exit 2) and nothing is written:
+    half a reference would compare only some prompts without saying so."""
     settings = recipe.correctness
     outputs = []
-    for prompt in settings.prompts:
-        output = greedy_output(client, prompt, settings.max_tokens)
+    for index, prompt in enumerate(settings.prompts):
+        try:
+            output = greedy_output(client, prompt, settings.max_tokens)
+        except EndpointError as error:
+            raise BadInput(f"cannot record reference {path}: {client.endpoint.base_url} failed on prompt {index}: "
+                           f"{error.reason}; nothing written: fix the server and record again") from error
         outputs.append(ReferenceOutput(prompt=prompt, token_ids=output.token_ids, text=output.text,
                                        finish_reason=output.finish_reason))
-    reference = Reference(recipe=recipe.name, served_model=client.model, max_tokens=settings.max_tokens,
+    try:
+        served_model = client.model
+    except EndpointError as error:
+        raise BadInput(f"cannot record reference {path}: {error.reason}") from error
+    reference = Reference(recipe=recipe.name, served_model=served_model, max_tokens=settings.max_tokens,
                           prompts=list(settings.prompts), outputs=outputs, created_at=datetime.now(UTC),
                           vllm_version=server_vllm_version(client))
     path = Path(path)
@@ -206,7 +215,11 @@ def greedy_output(client: VllmClient, prompt: str, max_tokens: int) -> GreedyOut
     if token_ids is None:
         raise EndpointError("POST /v1/completions: the answer has no token_ids (the server ignores "
                             "return_token_ids: vLLM >= 0.10.2 is needed to compare by token ids)")
-    return GreedyOutput(token_ids=[int(t) for t in token_ids], text=str(choice.get("text") or ""),
+    try:
+        ids = [int(token) for token in token_ids]
+    except (TypeError, ValueError) as error:
+        raise EndpointError(f"POST /v1/completions: token_ids is not a list of integers: {error}") from error
+    return GreedyOutput(token_ids=ids, text=str(choice.get("text") or ""),
                         finish_reason=choice.get("finish_reason"), answer=answer)
 
 
