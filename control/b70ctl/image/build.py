@@ -224,13 +224,13 @@ class BuildFailed(Exception):
     """The engine ran the build and a step failed (exit 1, not bad input)."""
 
 
-def run_build(plan: BuildPlan, client: Any, on_output: Callable[[str], None]) -> str:
+def run_build(plan: BuildPlan, client: Any, on_output: Callable[[str], None], no_cache: bool = False) -> str:
     """Build through the docker SDK's low-level API, streaming each output line to `on_output`. Returns the image
     id after checking the labels say what the plan built."""
     with assembled_context(plan) as context:
         image_id: str | None = None
         for chunk in client.api.build(path=str(context), tag=plan.image_tag, buildargs=plan.build_args(),
-                                      rm=True, forcerm=True, pull=False, decode=True):
+                                      rm=True, forcerm=True, pull=False, nocache=no_cache, decode=True):
             if "error" in chunk:
                 message = chunk.get("errorDetail", {}).get("message") or chunk["error"]
                 raise BuildFailed(str(message).strip())

@@ -79,6 +79,7 @@ def build(
     base: Annotated[str | None, typer.Option(
         help="Build FROM this image instead of the lock's base: name@sha256:<digest> or a local image id")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and print, do not build")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every step again (no layer cache)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """Build the recipe's image through the docker SDK, streaming the build's progress."""
@@ -109,7 +110,7 @@ def build(
             err.print(line, highlight=False, markup=False, soft_wrap=True)
 
         try:
-            image_id = run_build(plan, client, progress)
+            image_id = run_build(plan, client, progress, no_cache=no_cache)
         except BuildFailed as error:
             err.print(f"[bold red]build failed:[/] {error}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from error

