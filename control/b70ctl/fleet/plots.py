@@ -157,7 +157,11 @@ def decode_per_host_svg(fleet: RecipeFleet, hosts: Sequence[HostEntry]) -> str |
                            f"({len(points)} hosts, fleet median {workload.median_decode_tok_s.median:.1f})",
                            loc="left")
             axes.set_ylabel("tok/s")
-            axes.set_ylim(bottom=0)
+            # Explicit limits: from 0 (a rate), and room above the highest point or claim line.
+            tops = [value for value, _ in points] + [v for line in workload.claims if "decode_tok_s" in line.metric
+                                                     for v in (line.value, line.high, line.upper_with_tolerance)
+                                                     if v is not None]
+            axes.set_ylim(0, max(tops) * 1.08 if tops else 1)
             if named_ticks:
                 axes.set_xticks(list(range(len(points))), [p[1] for p in points], rotation=90, fontsize=7)
             else:
@@ -213,7 +217,7 @@ def acceptance_curves_svg(fleet: RecipeFleet, hosts: Sequence[HostEntry]) -> str
             axes.set_xlabel("draft position")
             axes.set_ylabel("acceptance")
             axes.set_title(f"{workload.workload}: per-position acceptance", loc="left")
-            axes.legend(fontsize=7, loc="upper right")
+            axes.legend(fontsize=7, loc="lower left")  # acceptance falls with position: lower left stays free
         for index in range(len(panels), rows * columns):
             axes_grid[index // columns][index % columns].set_visible(False)
         return _svg(figure)
