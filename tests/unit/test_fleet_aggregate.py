@@ -324,6 +324,25 @@ def test_unknown_recipe_takes_its_claims_from_the_verdicts(tmp_path):
     assert all(w.claims == [] for w in fleet.workloads)
 
 
+def test_own_output_and_hidden_directories_are_not_hosts(tmp_path):
+    write_host(tmp_path, "h1", make_report("cpu-tiny", "h1"))
+    (tmp_path / "fleet").mkdir()
+    (tmp_path / "fleet" / "fleet.json").write_text("{}")
+    (tmp_path / ".cache").mkdir()
+    report = aggregate(tmp_path)
+    assert [entry.host for entry in report.hosts] == ["h1"] and report.problems == []
+
+
+def test_naive_and_aware_start_times_compare(tmp_path):
+    aware = make_report("cpu-tiny", "a")
+    naive = make_report("cpu-tiny", "b", environment=environment_for("a"),
+                        started_at=STARTED_AT.replace(tzinfo=None) + timedelta(minutes=5))
+    write_host(tmp_path, "a", aware)
+    write_host(tmp_path, "b", naive)
+    report = aggregate(tmp_path)
+    assert {entry.host: entry.status for entry in report.hosts} == {"a": "duplicate", "b": "verified"}
+
+
 def test_missing_or_empty_directory_is_bad_input(tmp_path):
     with pytest.raises(BadInput, match="does not exist"):
         aggregate(tmp_path / "missing")

@@ -19,6 +19,7 @@ from pathlib import Path
 from b70ctl.errors import BadInput
 from b70ctl.fleet import stats
 from b70ctl.fleet.layout import (
+    FLEET_JSON,
     HOST_FACTS_FILE,
     REPORT_FILE,
     UNREACHABLE_FILE,
@@ -215,7 +216,10 @@ def collect_directory(reports_dir: Path) -> Collected:
         raise BadInput(f"reports directory {reports_dir} does not exist: give the directory the verify play "
                        "collected into (REPORTS_DIR/<host>/report.json)")
     with os.scandir(reports_dir) as scan:
-        host_dirs = sorted((entry.name for entry in scan if entry.is_dir()))
+        host_dirs = sorted(entry.name for entry in scan if entry.is_dir() and not entry.name.startswith("."))
+    # A fleet report written into REPORTS_DIR (--out REPORTS_DIR/fleet) is not a host.
+    host_dirs = [name for name in host_dirs if not (reports_dir / name / FLEET_JSON).exists()
+                 or (reports_dir / name / REPORT_FILE).exists()]
     if not host_dirs:
         raise BadInput(f"reports directory {reports_dir} has no host directories: expected "
                        f"{reports_dir}/<host>/{REPORT_FILE} (or {UNREACHABLE_FILE})")
@@ -248,6 +252,12 @@ def collect_files(report_paths: Sequence[Path]) -> Collected:
 # ------------------------------------------------------------------------------------------------ duplicates
 
 
+def _started(entry: HostEntry) -> datetime:
+    """Comparable start time: a report without a time zone is taken as UTC (verify writes UTC)."""
+    started = entry.started_at or datetime.min
+    return started.replace(tzinfo=UTC) if started.tzinfo is None else started
+
+
 def _mark_duplicates(entries: list[HostEntry], problems: list[InputProblem]) -> None:
     """Two usable reports that name the same machine (the hostname it reported, else its directory name): keep
     the newer one (later started_at; on a tie the first path) and exclude the other, naming both."""
@@ -260,8 +270,7 @@ def _mark_duplicates(entries: list[HostEntry], problems: list[InputProblem]) -> 
         if kept is None:
             kept_by_identity[identity] = entry
             continue
-        newer, older = (entry, kept) if (entry.started_at or datetime.min.replace(tzinfo=UTC)) > (
-            kept.started_at or datetime.min.replace(tzinfo=UTC)) else (kept, entry)
+        newer, older = (entry, kept) if _started(entry) > _started(kept) else (kept, entry)
         kept_by_identity[identity] = newer
         older.status = "duplicate"
         older.reason = f"same host {identity!r} as {newer.report_path}, which is newer and was kept"

@@ -6,6 +6,7 @@
         host_facts.json       optional: facts of the host, fills environment fields the report lacks
         unreachable.json      written INSTEAD of report.json when the host could not be verified
         (anything else, e.g. report.md and raw/, is ignored)
+      .hidden/                ignored, as is a directory holding fleet.json (a fleet report's own output)
 
 A host directory holds exactly one of report.json or unreachable.json. Both: the marker wins (the report is
 taken to be stale from an earlier run) and the conflict is named in the fleet report. Neither: the host is named
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 REPORT_FILE = "report.json"
 HOST_FACTS_FILE = "host_facts.json"
 UNREACHABLE_FILE = "unreachable.json"
+FLEET_JSON = "fleet.json"  # a directory holding one is a fleet report's output, not a host
 
 
 class UnreachableMarker(BaseModel):

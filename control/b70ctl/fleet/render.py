@@ -15,6 +15,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from b70ctl.fleet.layout import FLEET_JSON
 from b70ctl.fleet.model import (
     DRIFT_FIELDS,
     FIELD_LABELS,
@@ -25,7 +26,6 @@ from b70ctl.fleet.model import (
     WorkloadFigures,
 )
 
-FLEET_JSON = "fleet.json"
 FLEET_MD = "fleet.md"
 FLEET_HTML = "fleet.html"
 NAMES_SHOWN = 10
