@@ -1,0 +1,82 @@
+"""A local apt repository standing in for the Intel graphics PPA and Intel's oneAPI repository.
+
+The packages carry the names and versions the roles pin (read from the roles' own defaults) with empty payloads,
+built by dpkg-deb. Each also gets a NEWER decoy version, so a test can tell that the pin, not luck, chose the
+installed version. Layout: dists/<suite>/{Release, main/binary-amd64/Packages} and pool/<suite>/*.deb; the hosts
+use it as a file:/ repository marked trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DECOY_VERSION = "99.0-1"
+
+
+@dataclass(frozen=True)
+class PinnedPackage:
+    name: str
+    pin: str  # as the role writes it: an apt version or a glob
+    version: str  # the concrete version the repository carries for it
+
+
+def concrete_version(pin: str) -> str:
+    """A version that matches the role's pin: a glob's `*` becomes a plausible revision."""
+    if not pin.endswith("*"):
+        return pin
+    prefix = pin[:-1]
+    return prefix + ("1" if prefix.endswith((".", "-")) else "-1")
+
+
+def role_packages(role: str, variable: str) -> list[PinnedPackage]:
+    defaults = yaml.safe_load((REPO_ROOT / "roles" / role / "defaults" / "main.yml").read_text())
+    return [PinnedPackage(p["name"], p["version"], concrete_version(p["version"])) for p in defaults[variable]]
+
+
+def build_deb(name: str, version: str, out_dir: Path) -> Path:
+    with tempfile.TemporaryDirectory() as work:
+        control = Path(work) / "DEBIAN" / "control"
+        control.parent.mkdir()
+        control.write_text(f"Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: b70 tests "
+                           f"<tests@localhost>\nDescription: empty stand-in for {name} (appliance tests)\n")
+        deb = out_dir / f"{name}_{version.replace(':', '%3a')}_all.deb"
+        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", work, str(deb)], check=True,
+                       capture_output=True)
+    return deb
+
+
+def packages_entry(deb: Path, repo: Path) -> str:
+    control = subprocess.run(["dpkg-deb", "--field", str(deb)], check=True, capture_output=True, text=True).stdout
+    data = deb.read_bytes()
+    return (control.rstrip("\n") + f"\nFilename: {deb.relative_to(repo)}\nSize: {len(data)}\n"
+            f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
+
+
+def build_suite(repo: Path, suite: str, packages: list[PinnedPackage]) -> None:
+    pool = repo / "pool" / suite
+    pool.mkdir(parents=True)
+    entries = []
+    for package in packages:
+        for version in (package.version, DECOY_VERSION):
+            entries.append(packages_entry(build_deb(package.name, version, pool), repo))
+    binary = repo / "dists" / suite / "main" / "binary-amd64"
+    binary.mkdir(parents=True)
+    index = "\n".join(entries).encode()
+    (binary / "Packages").write_bytes(index)
+    (repo / "dists" / suite / "Release").write_text(
+        f"Suite: {suite}\nCodename: {suite}\nComponents: main\nArchitectures: amd64 all\n"
+        f"Date: Mon, 01 Jan 2024 00:00:00 UTC\nSHA256:\n"
+        f" {hashlib.sha256(index).hexdigest()} {len(index)} main/binary-amd64/Packages\n")
+
+
+def build_repository(repo: Path, suites: dict[str, list[PinnedPackage]]) -> Path:
+    for suite, packages in suites.items():
+        build_suite(repo, suite, packages)
+    return repo

@@ -1,0 +1,51 @@
+"""Real systemd test hosts, provisioned by the real site.yml host stages.
+
+The session brings up three hosts with scripts/testhosts (docker engine, debootstrapped base image, private
+network and SSH key are all made there, safe to re-run) and copies into each the hardware it emulates: a sysfs
+tree from tests/fixtures/sysfs.py (host 1: 2x B70 behind one switch, host 2: 2x B70 on separate root ports) and
+the local apt repository standing in for Intel's. Host 3 stays bare: the broken-inventory tests prove that
+preflight changes nothing on it. Everything is torn down after the session (B70_KEEP_TESTHOSTS=1 keeps it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.appliance.provision import HostUnderTest, start_hosts, testhosts, write_inventory
+
+HOST_PREFIX = "b70-app"
+HOST_SUBNET = "172.30.72.0/24"
+# Host name suffix -> sysfs scenario of tests/fixtures/sysfs.py (None: the bare host).
+SCENARIOS = {1: "b70x2-switch", 2: "b70x2-root-ports", 3: None}
+
+
+@dataclass
+class Appliance:
+    hosts: list[HostUnderTest]
+    ssh_key: str
+    work_dir: Path
+
+    def host(self, index: int) -> HostUnderTest:
+        return self.hosts[index - 1]
+
+    def inventory(self, name: str, hosts: list[HostUnderTest], **kwargs: object) -> Path:
+        return write_inventory(self.work_dir / f"{name}.yml", hosts, self.ssh_key, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
+    if os.geteuid() != 0:
+        pytest.fail("the appliance tests need root (they install and start a docker engine): run them as root, "
+                    "as CI does")
+    work_dir = tmp_path_factory.mktemp("appliance")
+    try:
+        hosts, ssh_key = start_hosts(HOST_PREFIX, HOST_SUBNET, SCENARIOS, work_dir)
+        yield Appliance(hosts, ssh_key, work_dir)
+    finally:
+        if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
+            testhosts("down", "--prefix", HOST_PREFIX)

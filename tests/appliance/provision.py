@@ -1,0 +1,123 @@
+"""Bring up test hosts, give each its emulated hardware, write inventories and run playbooks: shared by the
+appliance tests (conftest.py) and benchmarks/host_stages_noop.py. No pytest here."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tests.appliance.aptrepo import build_repository, role_packages
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+FIXTURE_ROOT = "/var/lib/b70/fixture-root"
+TEST_APT_DIR = "/var/lib/b70/test-apt"
+RECAP_LINE = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.M)
+
+
+@dataclass(frozen=True)
+class HostUnderTest:
+    name: str
+    address: str
+    scenario: str | None
+
+
+@dataclass
+class PlaybookRun:
+    returncode: int
+    output: str
+    recap: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def parse_recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP lines -> {host: {ok: n, changed: n, ...}} (the last recap of the output wins)."""
+    recap_text = output.rsplit("PLAY RECAP", 1)[-1] if "PLAY RECAP" in output else ""
+    recap: dict[str, dict[str, int]] = {}
+    for match in RECAP_LINE.finditer(recap_text):
+        counts = dict(pair.split("=") for pair in match.group("counts").split())
+        recap[match.group("host")] = {key: int(value) for key, value in counts.items()}
+    return recap
+
+
+def run_playbook(inventory: Path, *args: str, playbook: str = "site.yml") -> PlaybookRun:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_FORCE_COLOR": "0", "PYTHONUNBUFFERED": "1",
+           # One line per message (the YAML result format folds long ones), so tests can search the output.
+           "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inventory), playbook, *args], cwd=REPO_ROOT,
+                            env=env, capture_output=True, text=True, timeout=1500)
+    output = result.stdout + result.stderr
+    return PlaybookRun(result.returncode, output, parse_recap(output))
+
+
+def testhosts(*args: str) -> str:
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "testhosts"), *args], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        raise RuntimeError(f"scripts/testhosts {' '.join(args)} failed: {result.stderr.strip()[-2000:]}")
+    return result.stdout
+
+
+def copy_into_host(host: str, source_dir: Path, destination: str) -> None:
+    """tar keeps the fixture's symlinks (sysfs is made of them) exactly as they are."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(source_dir, arcname=".")
+    subprocess.run(["docker", "exec", host, "mkdir", "-p", destination], check=True)
+    subprocess.run(["docker", "exec", "-i", host, "tar", "-C", destination, "-x"], input=buffer.getvalue(),
+                   check=True)
+
+
+def write_inventory(path: Path, hosts: list[HostUnderTest], ssh_key: str, host_vars: dict[str, dict] | None = None,
+                    group_vars: dict[str, object] | None = None) -> Path:
+    """A YAML inventory (typed values) for the given hosts, with the test hosts' settings."""
+    base_vars: dict[str, object] = {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": ssh_key,
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+        "b70_recipe": "cpu-tiny",
+        "b70_test_host": True,
+        "b70_gpu_root_prefix": FIXTURE_ROOT,
+        "intel_gpu_apt_uri": f"file:{TEST_APT_DIR}",
+        "intel_gpu_apt_suite": "intel-graphics",
+        "intel_gpu_apt_trusted": True,
+        "oneapi_apt_uri": f"file:{TEST_APT_DIR}",
+        "oneapi_apt_suite": "oneapi",
+        "oneapi_apt_trusted": True,
+    }
+    base_vars.update(group_vars or {})
+    inventory = {"all": {"children": {"b70_hosts": {
+        "hosts": {host.name: {"ansible_host": host.address, **(host_vars or {}).get(host.name, {})} for host in hosts},
+        "vars": base_vars,
+    }}}}
+    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return path
+
+
+def start_hosts(prefix: str, subnet: str, scenarios: dict[int, str | None], work_dir: Path) -> tuple[list[HostUnderTest], str]:
+    """Fresh hosts PREFIX-1..N; each with a scenario gets its sysfs tree and the local apt repository copied in."""
+    started = json.loads(testhosts("up", "--count", str(len(scenarios)), "--prefix", prefix, "--subnet", subnet,
+                                   "--fresh"))
+    hosts = [HostUnderTest(h["name"], h["address"], scenarios[index]) for index, h in enumerate(started["hosts"], start=1)]
+    repository = build_repository(work_dir / "apt", {
+        "intel-graphics": role_packages("intel_gpu", "intel_gpu_packages"),
+        "oneapi": role_packages("oneapi", "oneapi_packages") + role_packages("oneapi", "oneapi_ccl_packages"),
+    })
+    for host in hosts:
+        if host.scenario is None:
+            continue
+        tree = work_dir / f"sysfs-{host.name}"
+        subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "fixtures" / "sysfs.py"), host.scenario, str(tree)],
+                       check=True, capture_output=True)
+        copy_into_host(host.name, tree, FIXTURE_ROOT)
+        copy_into_host(host.name, repository, TEST_APT_DIR)
+    return hosts, started["ssh_private_key"]

@@ -1,0 +1,179 @@
+"""The host stages of site.yml on real systemd test hosts: what they install, idempotence, check mode, overrides,
+and broken inventories stopped by preflight before any change."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import testinfra
+
+from tests.appliance.aptrepo import DECOY_VERSION, role_packages
+from tests.appliance.conftest import Appliance
+from tests.appliance.provision import FIXTURE_ROOT, PlaybookRun, run_playbook
+
+pytestmark = pytest.mark.appliance
+
+PINNED = role_packages("intel_gpu", "intel_gpu_packages") + role_packages("oneapi", "oneapi_packages")
+EXPECTED_PROFILE = {"b70x2-switch": "p2p", "b70x2-root-ports": "no-p2p"}
+
+
+def on(name: str) -> testinfra.host.Host:
+    return testinfra.get_host(f"docker://{name}")
+
+
+def assert_recap(run: PlaybookRun, hosts: list[str], **expected: int) -> None:
+    assert sorted(run.recap) == sorted(hosts), run.output[-3000:]
+    for host in hosts:
+        for key, value in expected.items():
+            assert run.recap[host][key] == value, f"{host} {key}={run.recap[host][key]}\n{run.output[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def provisioned(appliance: Appliance) -> tuple[Appliance, list[str], PlaybookRun]:
+    hosts = [appliance.host(1), appliance.host(2)]
+    inventory = appliance.inventory("provision", hosts)
+    first = run_playbook(inventory)
+    assert first.returncode == 0, first.output[-6000:]
+    return appliance, [host.name for host in hosts], first
+
+
+@pytest.fixture(params=[1, 2], ids=["p2p-host", "no-p2p-host"])
+def host(request: pytest.FixtureRequest, provisioned: tuple[Appliance, list[str], PlaybookRun]):
+    appliance, _, _ = provisioned
+    test_host = appliance.host(request.param)
+    return test_host, on(test_host.name)
+
+
+def test_first_run_changes_the_hosts_and_fails_nothing(provisioned) -> None:
+    _, names, first = provisioned
+    for name in names:
+        assert first.recap[name]["failed"] == 0
+        assert first.recap[name]["changed"] > 0
+
+
+def test_b70_fact_is_installed_and_reads_the_fixture_tree(host) -> None:
+    test_host, remote = host
+    fact = remote.file("/etc/ansible/facts.d/b70.fact")
+    assert fact.is_file and fact.mode & 0o111
+    facts = json.loads(remote.check_output("/etc/ansible/facts.d/b70.fact"))
+    assert facts["root"] == FIXTURE_ROOT
+    assert facts["gpu_count"] == 2
+    assert facts["gpu_count_by_model"] == {"B70": 2}
+    assert facts["gpu_pci_ids"] == ["8086:e223"]
+
+
+def test_topology_document_and_profile(host) -> None:
+    test_host, remote = host
+    topology = json.loads(remote.file("/etc/b70/topology.json").content_string)
+    assert topology["profile"] == EXPECTED_PROFILE[test_host.scenario]
+    assert topology["profile_source"] == "auto"
+    assert "changed" not in topology and "path" not in topology
+    if topology["profile"] == "p2p":
+        assert topology["ccl_env"]["CCL_TOPO_P2P_ACCESS"] == "1"
+    else:
+        assert topology["ccl_env"]["CCL_SYCL_ALLREDUCE_SIMPLE_THRESHOLD"] == "4294967296"
+        assert "SYS_PTRACE" in topology["docker_args"]
+    link = remote.file("/etc/ansible/facts.d/b70_topology.fact")
+    assert link.is_symlink and link.linked_to == "/etc/b70/topology.json"
+
+
+def test_docker_engine_runs_with_the_daemon_config(host) -> None:
+    _, remote = host
+    docker = remote.service("docker")
+    assert docker.is_running and docker.is_enabled
+    config = json.loads(remote.file("/etc/docker/daemon.json").content_string)
+    assert config["log-driver"] == "json-file"
+    assert remote.check_output("docker info --format '{{.LoggingDriver}}'") == "json-file"
+
+
+def test_pinned_packages_installed_at_the_pin_and_held(host) -> None:
+    _, remote = host
+    held = remote.check_output("dpkg --get-selections " + " ".join(p.name for p in PINNED)).split("\n")
+    selections = dict(line.split() for line in held)
+    for package in PINNED:
+        installed = remote.package(package.name)
+        assert installed.is_installed, package.name
+        # The repository also carries a newer decoy version: only the pin keeps this one.
+        assert installed.version == package.version != DECOY_VERSION
+        assert selections[package.name] == "hold"
+    preferences = remote.file("/etc/apt/preferences.d/b70-intel-graphics.pref").content_string
+    assert "Package: libze-intel-gpu1\nPin: version 26.14.37833.4-1~24.04~ppa1\nPin-Priority: 1001" in preferences
+
+
+def test_grub_drop_in_and_reboot_left_to_the_operator(host, provisioned) -> None:
+    test_host, remote = host
+    drop_in = remote.file("/etc/default/grub.d/60-b70-intel-gpu.cfg").content_string
+    assert 'GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} intel_iommu=off"' in drop_in
+    # The machine's kernel runs without intel_iommu=off and b70_allow_reboot is false: the play says so.
+    assert f"{test_host.name}: reboot pending: the running kernel lacks intel_iommu=off" in provisioned[2].output
+
+
+def test_service_user_groups(host) -> None:
+    _, remote = host
+    user = remote.user("b70")
+    assert {"render", "video", "docker"} <= set(user.groups)
+
+
+def test_second_run_changes_nothing(provisioned) -> None:
+    appliance, names, _ = provisioned
+    second = run_playbook(appliance.work_dir / "provision.yml")
+    assert second.returncode == 0, second.output[-4000:]
+    assert_recap(second, names, changed=0, failed=0, unreachable=0)
+
+
+def test_check_mode_with_diff_reports_no_change(provisioned) -> None:
+    appliance, names, _ = provisioned
+    check = run_playbook(appliance.work_dir / "provision.yml", "--check", "--diff")
+    assert check.returncode == 0, check.output[-4000:]
+    assert_recap(check, names, changed=0, failed=0)
+
+
+def test_profile_override_per_host(provisioned) -> None:
+    appliance, _, _ = provisioned
+    p2p_host = appliance.host(1)
+    remote = on(p2p_host.name)
+    overridden = appliance.inventory("override", [p2p_host], host_vars={p2p_host.name: {"b70_ccl_profile": "no-p2p"}})
+    check = run_playbook(overridden, "--check", "--diff", "--tags", "gpu_topology")
+    assert_recap(check, [p2p_host.name], changed=1, failed=0)
+    assert '-  "profile": "p2p",' in check.output and '+  "profile": "no-p2p",' in check.output
+    assert json.loads(remote.file("/etc/b70/topology.json").content_string)["profile"] == "p2p"  # check changed nothing
+
+    applied = run_playbook(overridden, "--tags", "gpu_topology")
+    assert_recap(applied, [p2p_host.name], changed=1, failed=0)
+    topology = json.loads(remote.file("/etc/b70/topology.json").content_string)
+    assert (topology["profile"], topology["auto_profile"], topology["profile_source"]) == ("no-p2p", "p2p", "override")
+
+    restored = run_playbook(appliance.work_dir / "provision.yml", "--limit", p2p_host.name, "--tags", "gpu_topology")
+    assert_recap(restored, [p2p_host.name], changed=1, failed=0)
+    assert json.loads(remote.file("/etc/b70/topology.json").content_string)["profile"] == "p2p"
+
+
+BROKEN_INVENTORIES = {
+    "unknown-recipe": ({"b70_recipe": "no-such-recipe"},
+                       "b70_recipe 'no-such-recipe' cannot be used: error: unknown recipe 'no-such-recipe'"),
+    "tp2-on-one-gpu": ({"b70_recipe": "pr620-fp8-tp2", "b70_gpus": 1, "b70_hf_token": "hf_dummy"},
+                       "recipe pr620-fp8-tp2 runs tensor-parallel 2 on 2 GPU(s), but b70_gpus is 1"),
+    "missing-secret": ({"b70_recipe": "dspark-int4-tp1"},
+                       "secret b70_hf_token is missing or empty; recipe dspark-int4-tp1 downloads"),
+    "too-little-ram": ({"b70_recipe": "dspark-int4-tp1", "b70_hf_token": "hf_dummy", "b70_gpu_root_prefix": "/"},
+                       "GiB RAM, recipe dspark-int4-tp1 needs 64.0 GiB"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_INVENTORIES, ids=list(BROKEN_INVENTORIES))
+def test_broken_inventory_fails_in_preflight_and_changes_nothing(appliance: Appliance, case: str) -> None:
+    bare = appliance.host(3)
+    overrides, message = BROKEN_INVENTORIES[case]
+    inventory = appliance.inventory(f"broken-{case}", [bare], group_vars=overrides)
+    run = run_playbook(inventory)
+    assert run.returncode != 0
+    assert_recap(run, [bare.name], failed=1, changed=0)
+    assert f"{bare.name}: " in run.output and message in run.output, run.output[-3000:]
+    assert "Fix:" in run.output
+    assert "TASK [intel_gpu" not in run.output  # preflight stopped the host before any other role
+    remote = on(bare.name)
+    for path in ("/etc/ansible/facts.d", "/etc/apt/sources.list.d/b70-intel-graphics.sources", "/etc/b70",
+                 "/etc/default/grub.d/60-b70-intel-gpu.cfg", "/etc/docker/daemon.json"):
+        assert not remote.file(path).exists, path
+    assert not remote.user("b70").exists
