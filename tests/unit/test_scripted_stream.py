@@ -427,3 +427,23 @@ def test_smoke_fails_metrics_without_spec_counters_when_the_recipe_speculates(se
     metrics_check = {check.name: check for check in smoke.checks}["metrics"]
     assert not metrics_check.passed
     assert "runs without speculation" in metrics_check.reason
+
+
+def test_chat_workload_times_the_first_token_not_the_role_chunk(server, tmp_path):
+    # vLLM's first chat chunk carries only the role; TTFT is the first chunk with token ids.
+    server.scripts["chat"] = Script(ttft_s=0.3, offsets_s=[0.0, 0.1, 0.2], tokens_per_chunk=[1, 3, 3])
+    recipe = recipe_with(workload("chat", "chat", api="chat", max_tokens=7))
+    with client_for(server) as client:
+        result = run_throughput(client, recipe, tmp_path / "raw")
+    sample = result.workloads[0].requests[0]
+    assert (sample.completion_tokens, sample.chunks) == (7, 3)
+    assert sample.ttft_s == pytest.approx(0.3, rel=NOMINAL_TOLERANCE)
+    assert sample.decode_tok_s == pytest.approx(6 / 0.2, rel=NOMINAL_TOLERANCE)
+    assert [path for path, _ in server.requests] == ["/v1/chat/completions"]
+
+
+def test_prompt_tokens_with_chat_is_refused_with_the_reason(server, tmp_path):
+    recipe = recipe_with(workload("chatlong", "seed", api="chat", prompt_tokens=64))
+    with client_for(server) as client:
+        result = run_throughput(client, recipe, tmp_path / "raw")
+    assert result.workloads[0].error == "prompt_tokens needs api 'completions': a chat request cannot carry token ids"
