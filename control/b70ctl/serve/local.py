@@ -7,6 +7,7 @@ is stopped and the failure names its last log lines; a stopped server leaves no 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -75,7 +76,9 @@ class LocalServer:
             lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
         except OSError:
             return "no log"
-        errors = [line for line in lines if "Error" in line or "error" in line]
+        # vLLM logs harmless warnings that mention errors (ulimit, Triton); a failure is an ERROR line or an
+        # exception name.
+        errors = [line for line in lines if " ERROR " in line or re.search(r"\b\w+(Error|Exception)\b:", line)]
         return (errors or lines or ["empty log"])[-1].strip()[:300]
 
     def stop(self, timeout_s: float = 30.0) -> None:
