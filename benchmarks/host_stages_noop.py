@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "appliance"))
 
-from tests.appliance.provision import run_playbook, start_hosts, testhosts, write_inventory  # noqa: E402
+from provision import run_playbook, start_hosts, testhosts, write_inventory  # noqa: E402
 
 PREFIX = "b70-bench"
 SUBNET = "172.30.73.0/24"

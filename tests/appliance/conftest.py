@@ -10,31 +10,16 @@ preflight changes nothing on it. Everything is torn down after the session (B70_
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from tests.appliance.provision import HostUnderTest, start_hosts, testhosts, write_inventory
+from provision import Appliance, start_hosts, testhosts
 
 HOST_PREFIX = "b70-app"
 HOST_SUBNET = "172.30.72.0/24"
 # Host name suffix -> sysfs scenario of tests/fixtures/sysfs.py (None: the bare host).
 SCENARIOS = {1: "b70x2-switch", 2: "b70x2-root-ports", 3: None}
-
-
-@dataclass
-class Appliance:
-    hosts: list[HostUnderTest]
-    ssh_key: str
-    work_dir: Path
-
-    def host(self, index: int) -> HostUnderTest:
-        return self.hosts[index - 1]
-
-    def inventory(self, name: str, hosts: list[HostUnderTest], **kwargs: object) -> Path:
-        return write_inventory(self.work_dir / f"{name}.yml", hosts, self.ssh_key, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

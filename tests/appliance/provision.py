@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.appliance.aptrepo import build_repository, role_packages
+from aptrepo import build_repository, role_packages
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
@@ -101,6 +101,19 @@ def write_inventory(path: Path, hosts: list[HostUnderTest], ssh_key: str, host_v
     }}}}
     path.write_text(yaml.safe_dump(inventory, sort_keys=False))
     return path
+
+
+@dataclass
+class Appliance:
+    hosts: list[HostUnderTest]
+    ssh_key: str
+    work_dir: Path
+
+    def host(self, index: int) -> HostUnderTest:
+        return self.hosts[index - 1]
+
+    def inventory(self, name: str, hosts: list[HostUnderTest], **kwargs: object) -> Path:
+        return write_inventory(self.work_dir / f"{name}.yml", hosts, self.ssh_key, **kwargs)  # type: ignore[arg-type]
 
 
 def start_hosts(prefix: str, subnet: str, scenarios: dict[int, str | None], work_dir: Path) -> tuple[list[HostUnderTest], str]:

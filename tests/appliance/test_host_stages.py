@@ -8,9 +8,8 @@ import json
 import pytest
 import testinfra
 
-from tests.appliance.aptrepo import DECOY_VERSION, role_packages
-from tests.appliance.conftest import Appliance
-from tests.appliance.provision import FIXTURE_ROOT, PlaybookRun, run_playbook
+from aptrepo import DECOY_VERSION, role_packages
+from provision import FIXTURE_ROOT, Appliance, PlaybookRun, run_playbook
 
 pytestmark = pytest.mark.appliance
 
