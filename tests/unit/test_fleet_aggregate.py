@@ -96,6 +96,7 @@ def test_summary_counts_every_host_once(planted):
     assert summary.recipes == [DSPARK, PR620]
     assert summary.all_claims_met == 20 + 3  # every verified host but the slow one
     assert summary.drifting_hosts == 1 + 1 + len(NO_P2P_HOSTS)
+    assert summary.outliers == 1 + len(NO_P2P_HOSTS)
     assert planted.all_met is False
 
 

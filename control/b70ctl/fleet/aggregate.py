@@ -563,7 +563,7 @@ def build_fleet_report(collected: Collected, source: str, *, generated_at: datet
         all_claims_met=sum(1 for entry in entries if entry.all_claims_met),
         recipes=sorted(by_recipe),
         drifting_hosts=sum(1 for entry in entries if entry.drift_fields),
-        outliers=sum(len(recipe.outliers) for recipe in recipes),
+        outliers=sum(1 for entry in entries if entry.outlier_workloads),
         problems=len(problems),
     )
     failing_problems = [p for p in problems if p.action != "grouped"]

@@ -258,7 +258,7 @@ class FleetSummary(Model):
     all_claims_met: int
     recipes: list[str]
     drifting_hosts: int
-    outliers: int
+    outliers: int = Field(description="Hosts that are an outlier in at least one workload")
     problems: int
 
 

@@ -131,10 +131,15 @@ def decode_per_host_svg(fleet: RecipeFleet, hosts: Sequence[HostEntry]) -> str |
             flagged = [(rank, value, host) for rank, (value, host) in enumerate(points)
                        if (host, workload.workload) in outliers]
             if flagged:
-                axes.scatter([f[0] for f in flagged], [f[1] for f in flagged], s=110, facecolors="none",
-                             edgecolors=CLAIM_COLOR, linewidths=1.4, zorder=4, label="outlier (robust z)")
-                # With named ticks the x axis already says which host it is.
-                for rank, value, host in ([] if named_ticks else flagged[:ANNOTATED_OUTLIERS_PER_PANEL]):
+                few = len(points) <= 200
+                axes.plot([f[0] for f in flagged], [f[1] for f in flagged], linestyle="", marker="o",
+                          markersize=10 if few else 5, markerfacecolor="none", markeredgecolor=CLAIM_COLOR,
+                          markeredgewidth=1.3 if few else 0.7, zorder=4, rasterized=rasterize,
+                          label="outlier (robust z)")
+                # Names only where they stay legible: not when the x axis names every host already, and not for
+                # a crowd of outliers (the outlier table lists them).
+                annotate = not named_ticks and len(flagged) <= ANNOTATED_OUTLIERS_PER_PANEL
+                for rank, value, host in (flagged if annotate else []):
                     axes.annotate(host, (rank, value), textcoords="offset points", xytext=(6, -3), fontsize=8,
                                   color=CLAIM_COLOR)
             for line in workload.claims:
