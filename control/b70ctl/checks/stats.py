@@ -43,7 +43,8 @@ def peak_tok_s(chunks: Iterable[TimedChunk | tuple[float, int]], window_s: float
 
     Windows are half-open, [t_i, t_i + window_s), anchored at each chunk's arrival: the count can only change at
     an arrival, so these windows contain the maximum. A chunk counts for all the token ids it carries. Chunks are
-    either objects with `t_s` and `token_ids` (the client's Chunk) or (t_s, token_count) pairs."""
+    either objects with `t_s` and `token_ids` (the client's Chunk) or (t_s, token_count) pairs. A stream shorter
+    than the window gives all its tokens: what arrived within one second, not an extrapolation."""
     if window_s <= 0:
         raise ValueError("window_s must be positive")
     arrivals: list[tuple[float, int]] = []

@@ -105,6 +105,7 @@ def _run_workload(client: VllmClient, workload: Workload, raw_dir: Path, report:
                     f"request {index + 1}: the stream carried no token ids (the server ignores return_token_ids?)"
                 )
             samples.append(sample)
+            # No usage at all counts too: the cross-check we asked the server for could not be made.
             if sample.usage_completion_tokens != sample.completion_tokens:
                 mismatches += 1
             received_tokens += (sample.usage_completion_tokens if sample.usage_completion_tokens is not None
