@@ -344,6 +344,26 @@ def test_naive_and_aware_start_times_compare(tmp_path):
     assert {entry.host: entry.status for entry in report.hosts} == {"a": "duplicate", "b": "verified"}
 
 
+def test_an_unlistable_host_directory_is_named(tmp_path, monkeypatch):
+    import os
+
+    write_host(tmp_path, "fine", make_report("cpu-tiny", "fine"))
+    write_host(tmp_path, "locked", make_report("cpu-tiny", "locked"))
+    real_scandir = os.scandir
+
+    def scandir(path):
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied")
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    report = aggregate(tmp_path)
+    (problem,) = report.problems
+    assert (problem.kind, problem.host) == ("unreadable", "locked")
+    assert "Permission denied" in problem.reason
+    assert {entry.host: entry.status for entry in report.hosts} == {"fine": "verified", "locked": "bad_report"}
+
+
 def test_missing_or_empty_directory_is_bad_input(tmp_path):
     with pytest.raises(BadInput, match="does not exist"):
         aggregate(tmp_path / "missing")

@@ -215,8 +215,12 @@ def collect_directory(reports_dir: Path) -> Collected:
     if not reports_dir.is_dir():
         raise BadInput(f"reports directory {reports_dir} does not exist: give the directory the verify play "
                        "collected into (REPORTS_DIR/<host>/report.json)")
-    with os.scandir(reports_dir) as scan:
-        host_dirs = sorted(entry.name for entry in scan if entry.is_dir() and not entry.name.startswith("."))
+    try:
+        with os.scandir(reports_dir) as scan:
+            host_dirs = sorted(entry.name for entry in scan if entry.is_dir() and not entry.name.startswith("."))
+    except OSError as error:
+        raise BadInput(f"reports directory {reports_dir}: cannot list it ({error.strerror}): check its "
+                       "permissions") from error
     # A fleet report written into REPORTS_DIR (--out REPORTS_DIR/fleet) is not a host.
     host_dirs = [name for name in host_dirs if not (reports_dir / name / FLEET_JSON).exists()
                  or (reports_dir / name / REPORT_FILE).exists()]
@@ -226,8 +230,15 @@ def collect_directory(reports_dir: Path) -> Collected:
     collected = Collected()
     for host in host_dirs:
         directory = reports_dir / host
-        with os.scandir(directory) as scan:
-            names = {entry.name for entry in scan}
+        try:
+            with os.scandir(directory) as scan:
+                names = {entry.name for entry in scan}
+        except OSError as error:
+            collected.problems.append(InputProblem(
+                kind="unreadable", host=host, path=str(directory), action="excluded",
+                reason=f"{directory}: cannot list it ({error.strerror}): check its permissions"))
+            collected.entries.append(HostEntry(host=host, status="bad_report", reason="unreadable"))
+            continue
         _read_host(
             host,
             directory / REPORT_FILE,
