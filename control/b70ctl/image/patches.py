@@ -309,6 +309,8 @@ def check_series(series_path: Path, vllm_source: Path | None = None, keep_dir: P
     The patched tree is written under `keep_dir` when given (it must not exist yet), else to a scratch directory
     that is removed afterwards."""
     series = load_series(series_path)
+    if keep_dir is not None and Path(keep_dir).exists():
+        raise BadInput(f"{keep_dir} already exists: name a new directory for the patched tree")
     source = Path(vllm_source) if vllm_source is not None else pristine_source(series.base_vllm, cache_dir)
     git_executable()
     with tempfile.TemporaryDirectory(prefix="b70ctl-series-") as scratch:
