@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
-import shutil
 import sys
 import tempfile
 import types
@@ -175,18 +173,3 @@ def tiny_dspark_state_dict(config: dict[str, Any], seed: int = 7) -> dict[str, t
             root + "post_attention_layernorm.weight": 1 + rand(hidden),
         })
     return state
-
-
-def write_tiny_dspark_drafter(target_dir: Path, out_dir: Path, architecture: str = "DSparkDraftModel") -> Path:
-    """Generate the tiny drafter on disk (config.json, model.safetensors, the target's tokenizer files)."""
-    from safetensors.torch import save_file
-
-    target_config = json.loads((target_dir / "config.json").read_text())
-    config = tiny_dspark_config(target_config, architecture)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    save_file(tiny_dspark_state_dict(config), str(out_dir / "model.safetensors"))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (target_dir / name).is_file():
-            shutil.copy(target_dir / name, out_dir / name)
-    return out_dir
