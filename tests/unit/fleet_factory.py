@@ -2,7 +2,7 @@
 
 `make_report` builds a valid `Report` (the same model verify writes) for a recipe: every workload with request
 samples, summaries and spec-decode counters, greedy correctness with token ids, the flat measurements and one
-verdict per claim, judged from the generated figures the way a claim reads (bound with tolerance). A host is
+verdict per claim, computed by verify's own functions (report.load.measurements_of, report.verdict.judge_all). A host is
 described by its speed (a factor on the recipe's typical decode rates), acceptance and environment.
 """
 
@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from b70ctl.recipes import load_recipe
-from b70ctl.recipes.model import Claim, Recipe
-from b70ctl.report.load import measurements_from_results
+from b70ctl.recipes.model import Recipe
+from b70ctl.report.load import measurements_of
 from b70ctl.report.model import (
-    ClaimVerdict,
     CorrectnessResult,
     Environment,
     PromptComparison,
@@ -32,6 +31,7 @@ from b70ctl.report.model import (
     ThroughputResult,
     WorkloadResult,
 )
+from b70ctl.report.verdict import judge_all
 
 # Typical median decode tok/s per workload at speed 1.0 (what a good host of each recipe measures).
 TYPICAL_DECODE_TOK_S: dict[str, dict[str, float]] = {
@@ -86,31 +86,6 @@ def _summary(values: list[float]) -> Summary:
     mad = deviations[len(deviations) // 2]
     return Summary(n=len(ordered), median=middle, min=ordered[0], max=ordered[-1], mad=mad,
                    ci_low=ordered[0], ci_high=ordered[-1])
-
-
-def judge(claim: Claim, measured: float | list[float] | None) -> ClaimVerdict:
-    """A claim's verdict on a measured figure, tolerance included."""
-    if measured is None:
-        verdict, reason = "not_measured", f"{claim.metric} was not measured"
-    elif claim.op == "per_position":
-        assert isinstance(measured, list) and claim.values is not None
-        slack = claim.tolerance.absolute
-        ok = len(measured) >= len(claim.values) and all(
-            abs(m - v) <= max(slack, abs(v) * claim.tolerance.relative) for m, v in zip(measured, claim.values))
-        verdict, reason = ("met", None) if ok else ("not_met", "per-position acceptance outside the tolerance")
-    else:
-        assert isinstance(measured, float)
-        if claim.op == ">=":
-            ok = measured >= claim.value - claim.tolerance.slack(claim.value)
-        elif claim.op == "<=":
-            ok = measured <= claim.value + claim.tolerance.slack(claim.value)
-        else:
-            ok = (claim.low - claim.tolerance.slack(claim.low) <= measured
-                  <= claim.high + claim.tolerance.slack(claim.high))
-        verdict, reason = ("met", None) if ok else ("not_met", f"{measured:.3f} outside the bound")
-    return ClaimVerdict(claim_id=claim.id, description=claim.description, metric=claim.metric, verdict=verdict,
-                        measured=measured, bound=f"{claim.op} {claim.value or claim.low}", source=claim.source,
-                        reason=reason)
 
 
 def make_report(
@@ -185,8 +160,9 @@ def make_report(
         smoke=SmokeResult(passed=True, checks=[SubCheck(name="models", passed=True),
                                                 SubCheck(name="health", passed=True)]),
         correctness=correctness, throughput=ThroughputResult(passed=True, workloads=workloads))
-    report.measurements = measurements_from_results(report.model_dump(mode="json"))
-    report.verdicts = [judge(claim, report.measurements.get(claim.metric)) for claim in recipe.claims]
+    # The figures and verdicts as verify computes them, with its own functions.
+    report.measurements = measurements_of(report)
+    report.verdicts = judge_all(recipe.claims, report.measurements)
     report.passed = all(v.verdict == "met" for v in report.verdicts)
     return report
 

@@ -103,7 +103,9 @@ def test_every_prefix_of_a_report_is_truncated(tmp_path, report_json):
         (b"[1, 2, 3]", "corrupt", "top level is a JSON list"),
         (b'"report"', "corrupt", "top level is a JSON str"),
         (b'{"schema_version": 1, "recipe": "pr620-fp8-tp2"}', "invalid", "not a valid schema 1 report"),
-        (b'{"recipe": "x", "throughput": {"workloads": [{"no_name": 1}]}}', "invalid", "not a schema 0 report"),
+        (b'{"recipe": "x", "throughput": {"workloads": [{"no_name": 1}]}}', "invalid",
+         "not a valid schema 0 report: tool_version: Field required"),
+        (b'{"recipe": "x", "verdicts": 5}', "invalid", "not a schema 0 report (TypeError"),
     ],
 )
 def test_unusable_files_are_classified(tmp_path, content, kind, fragment):

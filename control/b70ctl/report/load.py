@@ -12,7 +12,8 @@ Schema versions
   verdicts had no `bound` and no `source`.
 - 1: the current `Report` (report/model.py).
 Upgrading 0 -> 1 moves the top-level fields into `environment`, rebuilds `measurements` from the structured
-results (the same keys claims refer to) and fills what schema 0 never recorded with explicit "not recorded".
+results (with verify's own functions: the keys claims refer to) and fills what schema 0 never recorded with an
+explicit "not recorded".
 """
 
 from __future__ import annotations
@@ -54,29 +55,20 @@ class ReportUnusable(BadInput):
         self.problem = problem
 
 
-def measurements_from_results(data: dict[str, Any]) -> dict[str, float | list[float]]:
-    """The flat figures claims refer to, rebuilt from a report's structured results (JSON form)."""
+def measurements_of(report: Report) -> dict[str, float | list[float]]:
+    """The flat figures claims refer to, rebuilt from a report's structured results with the same functions
+    verify uses (verify._finish), so an upgraded report carries exactly the keys a current one would."""
+    # Imported here: the checks pull in the HTTP client, which reading current reports never needs.
+    from b70ctl.checks.correctness import correctness_measurements
+    from b70ctl.checks.throughput import throughput_measurements
+
     measurements: dict[str, float | list[float]] = {}
-    throughput = data.get("throughput") or {}
-    for workload in throughput.get("workloads") or []:
-        prefix = f"throughput.{workload['name']}"
-        for figure in ("decode_tok_s", "peak_tok_s", "ttft_s", "prefill_tok_s"):
-            summary = workload.get(figure)
-            if summary:
-                for statistic in ("median", "min", "max"):
-                    measurements[f"{prefix}.{figure}.{statistic}"] = float(summary[statistic])
-        spec = workload.get("spec_decode")
-        if spec:
-            for figure in ("acceptance_rate", "mean_acceptance_length"):
-                if spec.get(figure) is not None:
-                    measurements[f"{prefix}.{figure}"] = float(spec[figure])
-            if spec.get("per_position_acceptance"):
-                measurements[f"{prefix}.per_position_acceptance"] = [
-                    float(v) for v in spec["per_position_acceptance"]
-                ]
-    correctness = data.get("correctness")
-    if correctness and correctness.get("identical_fraction") is not None:
-        measurements["correctness.identical_fraction"] = float(correctness["identical_fraction"])
+    if report.smoke is not None:
+        measurements["smoke.passed"] = 1.0 if report.smoke.passed else 0.0
+    if report.correctness is not None:
+        measurements.update(correctness_measurements(report.correctness))
+    if report.throughput is not None:
+        measurements.update(throughput_measurements(report.throughput))
     return measurements
 
 
@@ -98,7 +90,7 @@ def _upgrade_0_to_1(data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(verdict, dict):
             verdict.setdefault("bound", NOT_RECORDED_IN_SCHEMA_0)
             verdict.setdefault("source", NOT_RECORDED_IN_SCHEMA_0)
-    upgraded["measurements"] = measurements_from_results(upgraded)
+    upgraded["measurements"] = {}  # rebuilt from the validated results by read_report
     return upgraded
 
 
@@ -198,6 +190,8 @@ def read_report(path: Path | str) -> LoadedReport | ReportProblem:
     except ValidationError as error:
         return ReportProblem("invalid", name, f"{name}: not a valid schema {version} report: "
                                               f"{_first_validation_error(error)}")
+    if version == 0:
+        report.measurements = measurements_of(report)
     return LoadedReport(report=report, path=name, upgraded_from=version if version != REPORT_SCHEMA_VERSION
                         else None)
 
