@@ -364,6 +364,18 @@ def test_an_unlistable_host_directory_is_named(tmp_path, monkeypatch):
     assert {entry.host: entry.status for entry in report.hosts} == {"fine": "verified", "locked": "bad_report"}
 
 
+def test_figures_from_measurements_when_no_structured_results(tmp_path):
+    report = make_report("cpu-tiny", "flat")
+    report.throughput = None  # a report that kept only the flat figures
+    write_host(tmp_path, "flat", report)
+    (entry,) = aggregate(tmp_path).hosts
+    short = entry.workload("short")
+    assert short.median_decode_tok_s == report.measurements["throughput.short.decode_tok_s.median"]
+    assert short.peak_decode_tok_s == report.measurements["throughput.short.peak_tok_s.max"]
+    assert short.per_position_acceptance == [0.82, 0.61, 0.44, 0.30]
+    assert entry.workload("acceptance_friendly").acceptance_rate == pytest.approx(0.988)
+
+
 def test_missing_or_empty_directory_is_bad_input(tmp_path):
     with pytest.raises(BadInput, match="does not exist"):
         aggregate(tmp_path / "missing")
