@@ -52,7 +52,9 @@ class TinySpec(BaseModel):
     max_position_embeddings: int = 4096
     train_steps: int = 300
     train_sequence_length: int = 128
-    perturbation_std: float = 0.02
+    # Noise relative to each weight's own std. Measured with greedy drafting (k=4) on the corpus prompts: 0.1
+    # still agrees with the target on nearly every token; 0.6 gives 40-80% acceptance falling with position.
+    perturbation_std: float = 0.6
 
 
 def corpus_lines() -> list[str]:
