@@ -230,22 +230,15 @@ def collect_directory(reports_dir: Path) -> Collected:
     collected = Collected()
     for host in host_dirs:
         directory = reports_dir / host
-        try:
-            with os.scandir(directory) as scan:
-                names = {entry.name for entry in scan}
-        except OSError as error:
+        if not os.access(directory, os.R_OK | os.X_OK):
             collected.problems.append(InputProblem(
                 kind="unreadable", host=host, path=str(directory), action="excluded",
-                reason=f"{directory}: cannot list it ({error.strerror}): check its permissions"))
+                reason=f"{directory}: cannot read it (permission denied): check its permissions"))
             collected.entries.append(HostEntry(host=host, status="bad_report", reason="unreadable"))
             continue
-        _read_host(
-            host,
-            directory / REPORT_FILE,
-            directory / HOST_FACTS_FILE if HOST_FACTS_FILE in names else None,
-            directory / UNREACHABLE_FILE if UNREACHABLE_FILE in names else None,
-            collected,
-        )
+        facts, marker = directory / HOST_FACTS_FILE, directory / UNREACHABLE_FILE
+        _read_host(host, directory / REPORT_FILE, facts if facts.is_file() else None,
+                   marker if marker.is_file() else None, collected)
     return collected
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from b70ctl.report.model import Environment, Verdict
 
@@ -123,11 +123,13 @@ class HostEntry(Model):
     drift_fields: list[str] = Field(default_factory=list, description="Fields differing from the recipe majority")
     outlier_workloads: list[str] = Field(default_factory=list)
 
+    _figures_by_name: dict[str, WorkloadFigures] | None = PrivateAttr(None)
+
     def workload(self, name: str) -> WorkloadFigures | None:
-        for figures in self.workloads:
-            if figures.name == name:
-                return figures
-        return None
+        # Looked up per host, workload and statistic: a dict built once beats a scan at thousands of hosts.
+        if self._figures_by_name is None:
+            self._figures_by_name = {figures.name: figures for figures in self.workloads}
+        return self._figures_by_name.get(name)
 
 
 class ClaimCount(Model):
