@@ -11,7 +11,8 @@ import testinfra
 from aptrepo import DECOY_VERSION, role_packages
 from provision import FIXTURE_ROOT, Appliance, PlaybookRun, run_playbook
 
-pytestmark = pytest.mark.appliance
+# The first test also provisions the hosts (apt inside each): allow for a slow mirror or a busy machine.
+pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
 PINNED = role_packages("intel_gpu", "intel_gpu_packages") + role_packages("oneapi", "oneapi_packages")
 EXPECTED_PROFILE = {"b70x2-switch": "p2p", "b70x2-root-ports": "no-p2p"}
