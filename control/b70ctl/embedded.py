@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,20 +65,51 @@ def make_server(variant: str, models_dir: Path, log_dir: Path, recipe: Recipe | 
 
 
 def start_servers(variants: list[str], models_dir: Path, log_dir: Path,
-                  progress: Callable[[str], None] | None = None, timeout_s: float = 420.0) -> dict[str, LocalServer]:
-    """Start the variants side by side and wait until all are healthy; on any failure, stop them all."""
+                  progress: Callable[[str], None] | None = None, timeout_s: float = 600.0,
+                  at_once: int = 2) -> dict[str, LocalServer]:
+    """Start the variants, `at_once` at a time (each start is CPU-bound: importing vLLM and warming up), and
+    wait until all are healthy; on any failure, stop them all."""
     servers = {name: make_server(name, models_dir, log_dir) for name in variants}
+    pending = list(servers.values())
     try:
-        for server in servers.values():
-            server.start()
-            if progress:
-                progress(f"starting vLLM ({server.name}) on {server.url}")
-        for server in servers.values():
-            server.wait_healthy(timeout_s)
-            if progress:
-                progress(f"vLLM ({server.name}) healthy")
+        while pending:
+            batch, pending = pending[:at_once], pending[at_once:]
+            for server in batch:
+                server.start()
+                if progress:
+                    progress(f"starting vLLM ({server.name}) on {server.url}")
+            for server in batch:
+                server.wait_healthy(timeout_s)
+                if progress:
+                    progress(f"vLLM ({server.name}) healthy")
     except BaseException:
         for server in servers.values():
             server.stop()
         raise
     return servers
+
+
+def serve_forever(variants: list[str]) -> None:
+    """`python -m b70ctl.embedded serve [VARIANT ...]`: start servers for iterating on the real-vLLM tests and
+    print the B70CTL_TEST_SERVERS value that points the tests at them; Ctrl-C stops them."""
+    recipe = load_recipe(RECIPE)
+    models_dir = default_cache_dir() / "tiny-models"
+    ensure_models(recipe, models_dir)
+    servers = start_servers(variants or list(VARIANTS), models_dir, models_dir.parent / "server-logs",
+                            progress=lambda message: print(message, flush=True))
+    print("B70CTL_TEST_SERVERS=" + ",".join(f"{name}={server.url}" for name, server in servers.items()),
+          flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["serve"]:
+        raise SystemExit("usage: python -m b70ctl.embedded serve [baseline|draft-exact|draft-perturbed|ngram ...]")
+    serve_forever(sys.argv[2:])

@@ -6,6 +6,7 @@ cache (once per spec), so a second run skips the ~50 s of generation.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -36,17 +37,26 @@ def tiny_models(cpu_tiny) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(tiny_models, tmp_path_factory):
-    """{variant: LocalServer} for baseline, draft-exact (acceptance ~100%), draft-perturbed, ngram."""
-    log_dir = tmp_path_factory.mktemp("vllm-logs")
-    servers = start_servers(VARIANTS, tiny_models, log_dir)
-    yield servers
+def vllm_urls(tiny_models, tmp_path_factory):
+    """{variant: base URL} for baseline, draft-exact (acceptance ~100%), draft-perturbed, ngram.
+
+    B70CTL_TEST_SERVERS="baseline=http://127.0.0.1:8101,draft-exact=...,..." reuses servers already running
+    (started with `python -m b70ctl.embedded serve`), which saves minutes when iterating on one test."""
+    given = os.environ.get("B70CTL_TEST_SERVERS")
+    if given:
+        urls = dict(item.split("=", 1) for item in given.split(","))
+        missing = set(VARIANTS) - set(urls)
+        assert not missing, f"B70CTL_TEST_SERVERS lacks {sorted(missing)}"
+        yield urls
+        return
+    servers = start_servers(VARIANTS, tiny_models, tmp_path_factory.mktemp("vllm-logs"))
+    yield {name: server.url for name, server in servers.items()}
     for server in servers.values():
         server.stop()
 
 
 @pytest.fixture(scope="session")
-def endpoints(vllm_servers, cpu_tiny) -> dict[str, Endpoint]:
+def endpoints(vllm_urls, cpu_tiny) -> dict[str, Endpoint]:
     """{variant: Endpoint} with the recipe's served model name."""
-    return {name: Endpoint(server.url, model=cpu_tiny.serve.served_model_name, timeout_s=120)
-            for name, server in vllm_servers.items()}
+    return {name: Endpoint(url, model=cpu_tiny.serve.served_model_name, timeout_s=120)
+            for name, url in vllm_urls.items()}

@@ -13,10 +13,11 @@ def _spec_counter(text: str, name: str) -> float:
 def test_variants_serve_and_speculate(endpoints):
     for name, endpoint in endpoints.items():
         with VllmClient(endpoint) as client:
-            result = client.stream("completions", "0 1 2 3 4 5 6 7", max_tokens=32, temperature=0.0,
+            # Sentences of the corpus repeat their phrases, so the ngram proposer finds matches to draft from.
+            result = client.stream("completions", "The scheduler", max_tokens=96, temperature=0.0,
                                    ignore_eos=True)
             assert result.error is None, (name, result.error)
-            assert len(result.token_ids) == 32 == result.usage["completion_tokens"]
+            assert len(result.token_ids) == 96 == result.usage["completion_tokens"]
             drafts = _spec_counter(client.metrics_text(), "spec_decode_num_drafts_total")
             if name == "baseline":
                 assert drafts == 0
