@@ -34,7 +34,7 @@ class UnreachableMarker(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    host: str
+    host: str | None = Field(None, description="Informational: the directory names the host")
     kind: Literal["unreachable", "failed"] = Field(
         "unreachable", description="unreachable: no connection; failed: a task failed before report.json existed"
     )

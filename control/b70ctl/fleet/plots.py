@@ -172,10 +172,13 @@ def decode_per_host_svg(fleet: RecipeFleet, hosts: Sequence[HostEntry]) -> str |
             else:
                 axes.set_xlabel("hosts, sorted by tok/s")
             handles, labels = axes.get_legend_handles_labels()
-            for color, label in legend:
-                handles.append(plt.Line2D([], [], marker="o", linestyle="", color=color))
-                labels.append(label)
-            axes.legend(handles, labels, fontsize=7, loc="lower right", framealpha=0.9)
+            if axes is axes_list[0, 0]:
+                # The colors mean the same in every panel: explained once, on the first.
+                for color, label in legend:
+                    handles.append(plt.Line2D([], [], marker="o", linestyle="", color=color))
+                    labels.append(label)
+            if handles:
+                axes.legend(handles, labels, fontsize=7, loc="lower right", framealpha=0.9)
         return _svg(figure)
 
 
