@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -214,6 +215,19 @@ def _docker():
     return client
 
 
+@pytest.fixture()
+def built_images(engine):
+    """Images a test builds, removed afterwards: a route-a image built on a stand-in base must not stay tagged as
+    the recipe's image."""
+    tags: list[str] = []
+    yield tags
+    for tag in tags:
+        try:
+            engine.images.remove(tag, force=True)
+        except Exception:  # noqa: BLE001 - already gone or still referenced: nothing to clean
+            pass
+
+
 @pytest.fixture(scope="module")
 def engine():
     client = _docker()
@@ -227,9 +241,8 @@ def engine():
 
 def _debian_base(client) -> str:
     """The Debian bookworm image scripts/testhosts imports (no registry here: nothing can be pulled)."""
-    for image in client.images.list():
-        if any(tag.startswith("b70/testhost-bookworm:") for tag in image.tags):
-            return image.id
+    for image in client.images.list(name="b70/testhost-bookworm"):
+        return str(image.id)
     subprocess.run([sys.executable, str(REPO / "scripts" / "testhosts"), "image"], check=True)
     return _debian_base(client)
 
@@ -271,7 +284,8 @@ def _build_route_a(base_id: str, monkeypatch, capsys) -> tuple[int | str | None,
 
 
 @pytest.mark.appliance
-def test_route_a_build_on_a_local_base_applies_the_series(engine, tmp_path, monkeypatch, capsys):
+def test_route_a_build_on_a_local_base_applies_the_series(engine, built_images, tmp_path, monkeypatch, capsys):
+    built_images += ["localhost/b70/vllm-xpu-dspark:0.21-dspark", "localhost/b70-test/xpu-stand-in:pristine"]
     base_id = _stand_in_base(engine, pristine_source("0.21.0"), tmp_path, "pristine")
     code, out, err = _build_route_a(base_id, monkeypatch, capsys)
     assert code == 0, err[-3000:]
@@ -297,7 +311,9 @@ def test_route_a_build_on_a_local_base_applies_the_series(engine, tmp_path, monk
 
 
 @pytest.mark.appliance
-def test_route_a_build_fails_naming_the_patch_when_the_base_moved(engine, tmp_path, monkeypatch, capsys):
+def test_route_a_build_fails_naming_the_patch_when_the_base_moved(engine, built_images, tmp_path, monkeypatch,
+                                                                  capsys):
+    built_images.append("localhost/b70-test/xpu-stand-in:moved")
     moved = tmp_path / "moved"
     shutil.copytree(pristine_source("0.21.0") / "vllm", moved / "vllm")
     registry = moved / "vllm/model_executor/models/registry.py"
@@ -308,3 +324,53 @@ def test_route_a_build_fails_naming_the_patch_when_the_base_moved(engine, tmp_pa
     assert code == 1
     assert "applied 0002-qwen3-dflash-dspark-draft-model.patch" in err
     assert "patch 0003-registry-dspark-draft-model.patch does not apply" in err
+
+
+def _cpu_base(client) -> str:
+    """The recipe's local Debian base when this host has built it, else the Debian bookworm test-host image."""
+    try:
+        return str(client.images.get("localhost/b70/debian-base").id)
+    except Exception:  # noqa: BLE001 - docker.errors.ImageNotFound
+        return _debian_base(client)
+
+
+@pytest.mark.appliance
+def test_cpu_image_builds_and_serves_the_tiny_model(engine, monkeypatch, capsys):
+    from b70ctl.embedded import default_cache_dir, ensure_models
+
+    monkeypatch.setattr(sys, "argv", ["b70ctl", "image", "build", "--recipe", "cpu-tiny", "--base",
+                                      _cpu_base(engine), "--json"])
+    with pytest.raises(SystemExit) as built_exit:
+        main()
+    captured = capsys.readouterr()
+    assert built_exit.value.code == 0, captured.err[-3000:]
+    built = json.loads(captured.out)
+    assert engine.images.get(built["id"]).labels[LABEL_VLLM_VERSION] == "0.32.0"
+
+    models = default_cache_dir() / "tiny-models"
+    ensure_models(load_recipe("cpu-tiny"), models)
+    # vLLM's engine needs more /dev/shm than docker's 64 MiB default.
+    container = engine.containers.run(
+        built["id"], ["--model", "/models/target", "--served-model-name", "tiny", "--enforce-eager", "--dtype",
+                      "float32", "--max-model-len", "2048", "--port", "8000"],
+        detach=True, shm_size="1g", environment={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        volumes={str(models): {"bind": "/models", "mode": "ro"}})
+    try:
+        completion = None
+        for _ in range(180):
+            container.reload()
+            assert container.status in ("created", "running"), container.logs()[-3000:].decode()
+            result = container.exec_run(["/opt/vllm/bin/python", "-c", (
+                "import json, urllib.request as u; r = u.urlopen(u.Request('http://127.0.0.1:8000/v1/completions', "
+                "data=json.dumps({'model': 'tiny', 'prompt': '0 1 2 3 4 5 6 7', 'max_tokens': 8, "
+                "'temperature': 0}).encode(), headers={'content-type': 'application/json'}), timeout=60); "
+                "print(json.load(r)['choices'][0]['text'])")])
+            if result.exit_code == 0:
+                completion = result.output.decode().strip()
+                break
+            time.sleep(5)
+        assert completion is not None, container.logs()[-3000:].decode()
+        # The generated target continues a counting prompt (greedy).
+        assert completion.split()[:3] == ["8", "9", "10"]
+    finally:
+        container.remove(force=True)
