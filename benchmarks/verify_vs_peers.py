@@ -46,24 +46,56 @@ TABULATE = "tabulate==0.9.0"
 
 # -- the recording proxy -------------------------------------------------------------------------------------
 class RecordingProxy(ThreadingHTTPServer):
+    """Runs in its own process (see `start_proxy`), so relaying chunks never competes with the measuring
+    client for the GIL. Each finished stream is appended to a JSON-lines file the parent reads."""
+
     daemon_threads = True
 
-    def __init__(self, upstream: str, book_text: str):
-        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+    def __init__(self, upstream: str, book_text: str, record_path: str, port: int = 0):
+        super().__init__(("127.0.0.1", port), _ProxyHandler)
         self.upstream = upstream.rstrip("/")
         self.book_text = book_text
-        self.streams: list[dict[str, Any]] = []
+        self.record_path = record_path
         self.lock = threading.Lock()
-        threading.Thread(target=self.serve_forever, daemon=True).start()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a benchmark client hanging up after [DONE] is not an error worth a traceback
+
+
+class ProxyHandle:
+    def __init__(self, upstream: str, book_text: str, work: Path):
+        import multiprocessing
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.record_path = work / "proxy-streams.jsonl"
+        self.record_path.write_text("")
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=_serve_proxy, args=(upstream, book_text, str(self.record_path), port), daemon=True)
+        self.process.start()
+        self.url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                httpx.get(self.url + "/book.txt", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self._read = 0
 
     def take(self) -> list[dict[str, Any]]:
-        with self.lock:
-            streams, self.streams = self.streams, []
-        return streams
+        lines = self.record_path.read_text().splitlines()
+        taken, self._read = lines[self._read:], len(lines)
+        return [json.loads(line) for line in taken]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.join(5)
+
+
+def _serve_proxy(upstream: str, book_text: str, record_path: str, port: int) -> None:
+    RecordingProxy(upstream, book_text, record_path, port).serve_forever()
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):
@@ -122,8 +154,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 self.wfile.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
-        with self.server.lock:
-            self.server.streams.append(record)
+        with self.server.lock, open(self.server.record_path, "a") as out:
+            out.write(json.dumps(record) + "\n")
 
 
 def reference_decode_rates(streams: list[dict[str, Any]]) -> list[float]:
@@ -146,7 +178,7 @@ def ensure_llama_benchy() -> str:
     return str(exe)
 
 
-def run_llama_benchy(exe: str, proxy: RecordingProxy, model: str, tokenizer: str, args: argparse.Namespace,
+def run_llama_benchy(exe: str, proxy: ProxyHandle, model: str, tokenizer: str, args: argparse.Namespace,
                      extra_body: list[str], out: Path) -> dict[str, Any]:
     command = [exe, "--base-url", f"{proxy.url}/v1", "--model", model, "--tokenizer", tokenizer,
                "--pp", str(args.pp), "--tg", str(args.tg), "--runs", str(args.runs), "--exact-tg",
@@ -204,6 +236,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tg", type=int, default=128, help="generated tokens per request")
     parser.add_argument("--pp", type=int, default=64, help="prompt tokens per request")
+    parser.add_argument("--endpoint", help="a cpu-tiny draft-perturbed server already running (else one is started)")
     args = parser.parse_args()
 
     recipe = load_recipe("cpu-tiny")
@@ -211,13 +244,13 @@ def main() -> None:
     ensure_models(recipe, models_dir)
     exe = ensure_llama_benchy()
     work = Path(tempfile.mkdtemp(prefix="b70-bench-"))
-    servers = start_servers(["draft-perturbed"], models_dir, work / "logs")
-    server = servers["draft-perturbed"]
+    servers = {} if args.endpoint else start_servers(["draft-perturbed"], models_dir, work / "logs")
+    url = args.endpoint or servers["draft-perturbed"].url
     model = recipe.serve.served_model_name
     rows = []
     try:
-        proxy = RecordingProxy(server.url, "\n".join(corpus_lines() * 20))
-        direct = VllmClient(Endpoint(server.url, model=model, timeout_s=300))
+        proxy = ProxyHandle(url, "\n".join(corpus_lines() * 20), work)
+        direct = VllmClient(Endpoint(url, model=model, timeout_s=300))
         via_proxy = VllmClient(Endpoint(proxy.url, model=model, timeout_s=300))
         workload = Workload(name="bench", description="llama-benchy-shaped", prompts=["The server reads"],
                             prompt_tokens=args.pp, max_tokens=args.tg, temperature=0.0, warmup_requests=1,
@@ -243,7 +276,10 @@ def main() -> None:
             rows.append((label, figures["decode"], statistics.median(reference_decode_rates(measured)),
                          None, acceptance))
     finally:
-        server.stop()
+        if "proxy" in locals():
+            proxy.stop()
+        for server in servers.values():
+            server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"\nvLLM CPU, cpu-tiny with draft_model k=4, concurrency 1, pp={args.pp} tg={args.tg}, {args.runs} runs")
