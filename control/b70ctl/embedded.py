@@ -7,6 +7,7 @@ appliance's systemd unit; only the process runs locally instead of in the CPU im
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -99,6 +100,8 @@ def serve_forever(variants: list[str]) -> None:
                             progress=lambda message: print(message, flush=True))
     print("B70CTL_TEST_SERVERS=" + ",".join(f"{name}={server.url}" for name, server in servers.items()),
           flush=True)
+    # SIGTERM (kill, or a background job whose SIGINT the shell ignores) stops the servers like Ctrl-C.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         while True:
             time.sleep(3600)
