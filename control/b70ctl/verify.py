@@ -7,9 +7,7 @@ failing run still leaves what it measured (report.json, report.md, raw/) and say
 from __future__ import annotations
 
 import json
-import os
 import socket
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -28,6 +26,7 @@ from b70ctl.checks.correctness import (
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import run_throughput, throughput_measurements
 from b70ctl.errors import BadInput
+from b70ctl.files import write_text_atomically
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.markdown import render_markdown
 from b70ctl.report.model import Environment, Report
@@ -51,20 +50,6 @@ class VerifyRequest:
     reference_path: Path | None = None
     host_facts_path: Path | None = None
     checks: tuple[str, ...] = ("smoke", "correctness", "throughput")
-
-
-def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write beside the target and rename over it: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_host_facts(path: Path) -> Environment:
@@ -115,8 +100,8 @@ class ReportWriter:
         self.report, self.recipe, self.out_dir = report, recipe, out_dir
 
     def save(self) -> None:
-        write_atomically(self.out_dir / "report.json", self.report.model_dump_json(indent=2) + "\n")
-        write_atomically(self.out_dir / "report.md", render_markdown(self.report, self.recipe))
+        write_text_atomically(self.out_dir / "report.json", self.report.model_dump_json(indent=2) + "\n")
+        write_text_atomically(self.out_dir / "report.md", render_markdown(self.report, self.recipe))
 
 
 def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:

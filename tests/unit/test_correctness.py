@@ -409,9 +409,16 @@ def test_record_reference_writes_nothing_when_the_server_fails(recipe, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_record_reference_into_a_missing_directory(recipe, tmp_path):
+def test_record_reference_where_no_file_can_be_written(recipe, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
     with pytest.raises(BadInput, match="cannot write reference file .*: choose a writable path"):
-        record_reference(client_for(ScriptedVllm(NATURAL)), recipe, tmp_path / "nowhere" / "r.json")
+        record_reference(client_for(ScriptedVllm(NATURAL)), recipe, blocker / "r.json")
+
+
+def test_record_reference_creates_its_directory(recipe, tmp_path):
+    record_reference(client_for(ScriptedVllm(NATURAL)), recipe, tmp_path / "new" / "r.json")
+    assert load_reference(tmp_path / "new" / "r.json", recipe).recipe == recipe.name
 
 
 @pytest.fixture

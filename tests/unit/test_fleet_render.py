@@ -105,19 +105,3 @@ def test_markdown_of_100_hosts_fits_a_github_issue(tmp_path):
     assert summary.count("\n") < 80  # the summary stays a screenful or two; hosts are folded below
 
 
-def test_write_is_atomic(tmp_path, monkeypatch):
-    target = tmp_path / "fleet.md"
-    render.write_atomically(target, "first\n")
-
-    class Interrupted(Exception):
-        pass
-
-    def failing_replace(source, destination):
-        raise Interrupted
-
-    monkeypatch.setattr(render.os, "replace", failing_replace)
-    with pytest.raises(Interrupted):
-        render.write_atomically(target, "second, half-written\n")
-    assert target.read_text() == "first\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["fleet.md"]
-    assert oct(target.stat().st_mode & 0o777) == "0o644"

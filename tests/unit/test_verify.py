@@ -10,7 +10,6 @@ import pytest
 
 from b70ctl.checks.client import Endpoint
 from b70ctl.errors import BadInput
-from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Claim, CorrectnessSettings
 from b70ctl.verify import VerifyRequest, verify
 from scripted_server import Script, ScriptedServer

@@ -14,8 +14,6 @@ while answering every request with HTTP 200: empty outputs, degenerate repetitio
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from b70ctl.checks.client import EndpointError, VllmClient
 from b70ctl.errors import BadInput
+from b70ctl.files import write_json_atomically
 from b70ctl.recipes.model import CorrectnessSettings, Probe, Recipe
 from b70ctl.report.model import CorrectnessResult, GarbageFinding, PromptComparison
 
@@ -175,24 +174,6 @@ def check_reference_matches(reference: Reference, recipe: Recipe) -> None:
     if reference.max_tokens != settings.max_tokens:
         raise BadInput(f"{where}: field max_tokens is {reference.max_tokens} but recipe {recipe.name} asks for "
                        f"{settings.max_tokens}: {hint}")
-
-
-def write_json_atomically(path: Path, data: Any, mode: int = 0o644) -> None:
-    """Temp file in the same directory, then os.replace: a reader sees the old file or the new one, never half."""
-    path = Path(path)
-    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-                                         delete=False, encoding="utf-8")
-    try:
-        with handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(handle.name, mode)
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
 
 
 # -- generating ----------------------------------------------------------------------------------------------

@@ -10,9 +10,6 @@ lengths fixed.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +17,7 @@ from typing import Any
 from b70ctl.checks.client import EndpointError, StreamResult, VllmClient
 from b70ctl.checks.metrics import MetricsSnapshot, MetricsUnavailable, snapshot, snapshot_after, spec_decode_stats
 from b70ctl.checks.stats import converged, decode_tok_s, peak_tok_s, summarize
+from b70ctl.files import write_json_atomically, write_text_atomically
 from b70ctl.recipes.model import Recipe, Workload
 from b70ctl.report.model import RequestSample, Summary, ThroughputResult, WorkloadResult
 
@@ -86,7 +84,7 @@ def _run_workload(client: VllmClient, workload: Workload, raw_dir: Path, report:
         before: MetricsSnapshot | None = None
         try:
             before = snapshot(client, client.model)
-            _write_text(workload_dir / "metrics_before.txt", before.text)
+            write_text_atomically(workload_dir / "metrics_before.txt", before.text)
         except MetricsUnavailable as unavailable:
             metrics_error = unavailable.reason
 
@@ -95,7 +93,7 @@ def _run_workload(client: VllmClient, workload: Workload, raw_dir: Path, report:
             prompt = prompts[index % len(prompts)]
             stream = _stream(client, workload, prompt)
             raw_path = workload_dir / f"{index + 1:03d}.json"
-            _write_json(raw_path, _raw_record(workload, index, prompt, stream))
+            write_json_atomically(raw_path, _raw_record(workload, index, prompt, stream), compact=True)
             if stream.error is not None:
                 raise WorkloadFailed(f"request {index + 1}: {stream.error}")
             sample = measure_request(stream, workload.prompt_tokens,
@@ -121,7 +119,7 @@ def _run_workload(client: VllmClient, workload: Workload, raw_dir: Path, report:
         if before is not None:
             try:
                 after = snapshot_after(client, before, received_tokens, client.model)
-                _write_text(workload_dir / "metrics_after.txt", after.text)
+                write_text_atomically(workload_dir / "metrics_after.txt", after.text)
                 spec = spec_decode_stats(before, after, received_tokens)
             except MetricsUnavailable as unavailable:
                 metrics_error = unavailable.reason
@@ -235,18 +233,3 @@ def _raw_record(workload: Workload, index: int, prompt: Prompt, stream: StreamRe
     }
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    _write_text(path, json.dumps(data, separators=(",", ":")))
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Whole file or nothing: a run killed mid-write leaves no half file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

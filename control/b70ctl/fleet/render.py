@@ -7,14 +7,13 @@ a report.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from b70ctl.files import write_text_atomically
 from b70ctl.fleet.layout import FLEET_JSON
 from b70ctl.fleet.model import (
     DRIFT_FIELDS,
@@ -30,19 +29,6 @@ FLEET_MD = "fleet.md"
 FLEET_HTML = "fleet.html"
 NAMES_SHOWN = 10
 
-
-
-def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.chmod(temporary, 0o644)  # mkstemp makes 0600; a report is meant to be read and shared
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def _names(hosts: Iterable[str], limit: int = NAMES_SHOWN) -> str:
@@ -171,7 +157,7 @@ def render_html(report: FleetReport) -> str:
 def write_fleet_report(report: FleetReport, out_dir: Path) -> dict[str, Path]:
     """fleet.json, fleet.md and fleet.html in out_dir; returns their paths by name."""
     paths = {name: out_dir / name for name in (FLEET_JSON, FLEET_MD, FLEET_HTML)}
-    write_atomically(paths[FLEET_JSON], report.model_dump_json(indent=2) + "\n")
-    write_atomically(paths[FLEET_MD], render_markdown(report))
-    write_atomically(paths[FLEET_HTML], render_html(report))
+    write_text_atomically(paths[FLEET_JSON], report.model_dump_json(indent=2) + "\n")
+    write_text_atomically(paths[FLEET_MD], render_markdown(report))
+    write_text_atomically(paths[FLEET_HTML], render_html(report))
     return paths

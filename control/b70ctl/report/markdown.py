@@ -72,7 +72,7 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
         f"- Recipe: `{recipe.name}` — {recipe.description}",
         f"- Endpoint: {report.endpoint}" + (f"; baseline: {report.baseline}" if report.baseline else ""),
         f"- Served model: {env.served_model or '–'}; vLLM {env.vllm_version or '–'}",
-        f"- Speculative decoding: " + (f"{spec.method}, k={spec.num_speculative_tokens}"
+        "- Speculative decoding: " + (f"{spec.method}, k={spec.num_speculative_tokens}"
                                        + (f", {spec.draft_sample_method}" if spec.draft_sample_method else "")
                                        if spec else "none"),
         f"- Serve: TP={recipe.serve.tensor_parallel_size}, dtype {recipe.serve.dtype}, max_model_len "
