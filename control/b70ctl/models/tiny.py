@@ -204,7 +204,9 @@ def generate(out_dir: Path, spec: TinySpec | None = None) -> dict[str, Any]:
 
     import torch
     from transformers import Qwen3ForCausalLM
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # the caller reports progress; a bar per tiny shard is noise
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(spec.seed)
     tokenizer_dir = out_dir / ".tokenizer.partial"
