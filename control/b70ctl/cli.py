@@ -25,6 +25,7 @@ app.add_typer(__import__("b70ctl.models.cli", fromlist=["app"]).app, name="model
 app.add_typer(__import__("b70ctl.host.cli", fromlist=["app"]).app, name="host")
 app.add_typer(__import__("b70ctl.fleet.cli", fromlist=["app"]).app, name="fleet")
 app.add_typer(__import__("b70ctl.image.cli", fromlist=["app"]).app, name="image")
+app.add_typer(__import__("b70ctl.serve.cli", fromlist=["app"]).app, name="serve")
 
 console = Console(stderr=True)
 

