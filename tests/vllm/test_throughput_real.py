@@ -118,17 +118,19 @@ def test_exact_draft_is_accepted_almost_always(endpoints, cpu_tiny, tmp_path):
 
 
 def test_perturbed_draft_acceptance_falls_with_position(endpoints, cpu_tiny, tmp_path):
-    # Sampled, not greedy: on this tiny model the perturbation rarely flips an argmax, so greedy acceptance of the
-    # perturbed draft is ~100%; sampling makes the draft's different distribution show.
-    recipe = quick(cpu_tiny, temperature=1.0, only=("natural", "acceptance_friendly"))
+    # Greedy, the recipe's own setting: the draft's 60% weight noise flips enough argmaxes that acceptance
+    # falls with the position (a rejected position ends the draft). At temperature > 0, vLLM 0.32 CPU accepts
+    # nothing past position 0 with draft_model, which would hide the fall.
+    recipe = quick(cpu_tiny, only=("natural", "acceptance_friendly"))
     with VllmClient(endpoints["draft-perturbed"]) as client:
         result = run_throughput(client, recipe, tmp_path / "raw")
     assert_counts_match_usage(result, recipe)
     for workload in result.workloads:
         assert_acceptance_matches_metrics(workload, tmp_path / "raw")
         rates = workload.spec_decode.per_position_acceptance
-        assert rates[0] > rates[-1]
-        assert workload.spec_decode.acceptance_rate < 0.9
+        assert rates[0] > rates[-1], (workload.name, rates)
+    natural = {w.name: w for w in result.workloads}["natural"].spec_decode
+    assert natural.acceptance_rate < 0.9
 
 
 def test_ngram_acceptance_matches_its_counters(endpoints, cpu_tiny, tmp_path):
