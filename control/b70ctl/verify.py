@@ -36,9 +36,8 @@ Progress = Callable[[str], None]
 
 # Host facts (b70ctl host facts --json, or the appliance's collected facts) mapped onto the report's
 # Environment. Missing keys stay None: a bare endpoint tells little about its host.
-HOST_FACT_FIELDS = ("hostname", "appliance_hash", "image_digest", "model_revision", "drafter_revision", "kernel",
-                    "xe_guc_firmware", "xe_huc_firmware", "compute_runtime", "gpu_count", "gpu_model",
-                    "p2p_profile")
+HOST_FACT_FIELDS = tuple(name for name in Environment.model_fields
+                         if name not in ("served_model", "vllm_version", "extra"))
 
 
 @dataclass
