@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from b70ctl.errors import BadInput
 from b70ctl.fleet import stats
 from b70ctl.fleet.layout import (
@@ -23,7 +25,6 @@ from b70ctl.fleet.layout import (
     HOST_FACTS_FILE,
     REPORT_FILE,
     UNREACHABLE_FILE,
-    HostFacts,
     read_host_facts,
     read_marker,
 )
@@ -128,7 +129,7 @@ def workload_figures(report: Report) -> list[WorkloadFigures]:
     return figures
 
 
-def host_entry_from_report(host: str, loaded: LoadedReport, facts: HostFacts | None) -> HostEntry:
+def host_entry_from_report(host: str, loaded: LoadedReport, facts: BaseModel | None) -> HostEntry:
     report = loaded.report
     environment = report.environment.model_copy()
     if facts is not None:

@@ -20,7 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from b70ctl.report.model import Environment
 
 REPORT_FILE = "report.json"
 HOST_FACTS_FILE = "host_facts.json"
@@ -44,25 +46,24 @@ class UnreachableMarker(BaseModel):
     recorded_at: datetime | None = None
 
 
-class HostFacts(BaseModel):
-    """host_facts.json: what the fleet report reads from a host's facts. Keys are the names of the report's
-    Environment fields; any other key is ignored. Values from report.json win over these."""
+# Environment fields that are not facts of a host: the model the endpoint serves, and the free-form rest.
+NOT_HOST_FACTS = ("served_model", "extra")
 
+
+class _IgnoreOtherKeys(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    hostname: str | None = None
-    appliance_hash: str | None = None
-    image_digest: str | None = None
-    vllm_version: str | None = None
-    model_revision: str | None = None
-    drafter_revision: str | None = None
-    kernel: str | None = None
-    xe_guc_firmware: str | None = None
-    xe_huc_firmware: str | None = None
-    compute_runtime: str | None = None
-    gpu_count: int | None = None
-    gpu_model: str | None = None
-    p2p_profile: str | None = None
+
+# host_facts.json: what the fleet report reads from a host's facts. Built from the report's Environment model, so
+# each fact is declared once: a field added there is read from host_facts.json too, with the same type. Keys are
+# those field names; any other key is ignored. Values from report.json win over these.
+HostFacts = create_model(
+    "HostFacts",
+    __base__=_IgnoreOtherKeys,
+    __doc__="host_facts.json: the facts of one host, by the name of the report's Environment field they fill.",
+    **{name: (field.annotation, None) for name, field in Environment.model_fields.items()
+       if name not in NOT_HOST_FACTS},
+)
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
@@ -89,7 +90,7 @@ def read_marker(path: Path) -> UnreachableMarker | str:
         return f"{path}: unreadable marker ({_short_error(error)})"
 
 
-def read_host_facts(path: Path) -> HostFacts | str:
+def read_host_facts(path: Path) -> BaseModel | str:
     """The host facts, or one line saying why they cannot be read."""
     try:
         return HostFacts.model_validate(_read_json_object(path))

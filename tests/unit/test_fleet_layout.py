@@ -1,0 +1,37 @@
+"""fleet/layout.py: host_facts.json is read with the report's own Environment fields, so the two cannot drift."""
+
+from __future__ import annotations
+
+import json
+
+from b70ctl.fleet.layout import NOT_HOST_FACTS, HostFacts, read_host_facts
+from b70ctl.report.model import Environment
+from b70ctl.verify import HOST_FACT_FIELDS
+
+
+def test_host_facts_are_the_environment_fields_with_their_types():
+    environment = {name: field for name, field in Environment.model_fields.items() if name not in NOT_HOST_FACTS}
+    assert list(HostFacts.model_fields) == list(environment)
+    for name, field in HostFacts.model_fields.items():
+        assert field.annotation == environment[name].annotation, name
+        assert field.default is None and not field.is_required(), name
+    # What verify takes from host facts is read by the fleet report too.
+    assert set(HOST_FACT_FIELDS) <= set(HostFacts.model_fields)
+
+
+def test_host_facts_json_round_trips_every_fact_and_ignores_other_keys(tmp_path):
+    facts = {name: 2 if name == "gpu_count" else f"{name}-value" for name in HostFacts.model_fields}
+    path = tmp_path / "host_facts.json"
+    path.write_text(json.dumps({**facts, "served_model": "not a host fact", "extra": {"x": 1}, "uptime_s": 5}))
+    read = read_host_facts(path)
+    assert not isinstance(read, str), read
+    assert read.model_dump() == facts
+    # The facts fill an Environment field by field, under the same names.
+    assert Environment(**read.model_dump()).model_dump(exclude={"served_model", "extra"}) == facts
+
+
+def test_a_fact_of_the_wrong_type_is_named(tmp_path):
+    path = tmp_path / "host_facts.json"
+    path.write_text('{"gpu_count": "two"}')
+    reason = read_host_facts(path)
+    assert isinstance(reason, str) and "gpu_count" in reason and "host facts not used" in reason
