@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -39,7 +40,6 @@ from b70ctl.fleet.model import (
     FleetReport,
     FleetSummary,
     GroupFigure,
-    HostClaimVerdict,
     HostEntry,
     InputProblem,
     Outlier,
@@ -82,86 +82,81 @@ def tool_version() -> str:
 # ---------------------------------------------------------------------------------------------------- reading
 
 
-def _figures_from_measurements(report: Report) -> list[WorkloadFigures]:
+# The per-host parts of a HostEntry are passed to pydantic-core as plain dicts and validated with the entry in one
+# call: at thousands of hosts that is several times cheaper than model_construct, which runs in Python per model.
+
+_FLAT_FIGURES = {
+    "decode_tok_s.median": "median_decode_tok_s",
+    "peak_tok_s.max": "peak_decode_tok_s",
+    "acceptance_rate": "acceptance_rate",
+    "mean_acceptance_length": "mean_acceptance_length",
+}
+
+
+def _figures_from_measurements(report: Report) -> list[dict[str, Any]]:
     """Workload figures from the flat measurements, for a report that kept no structured throughput results."""
-    by_workload: dict[str, WorkloadFigures] = {}
+    by_workload: dict[str, dict[str, Any]] = {}
     for key, value in report.measurements.items():
         parts = key.split(".")
         if len(parts) < 3 or parts[0] != "throughput":
             continue
-        figures = by_workload.setdefault(parts[1], WorkloadFigures(name=parts[1]))
+        figures = by_workload.setdefault(parts[1], {"name": parts[1]})
         metric = ".".join(parts[2:])
         if metric == "per_position_acceptance" and isinstance(value, list):
-            figures.per_position_acceptance = [float(v) for v in value]
-        elif isinstance(value, list):
-            continue
-        elif metric == "decode_tok_s.median":
-            figures.median_decode_tok_s = value
-        elif metric == "peak_tok_s.max":
-            figures.peak_decode_tok_s = value
-        elif metric == "acceptance_rate":
-            figures.acceptance_rate = value
-        elif metric == "mean_acceptance_length":
-            figures.mean_acceptance_length = value
+            figures["per_position_acceptance"] = [float(v) for v in value]
+        elif not isinstance(value, list) and metric in _FLAT_FIGURES:
+            figures[_FLAT_FIGURES[metric]] = value
     return list(by_workload.values())
 
 
-def workload_figures(report: Report) -> list[WorkloadFigures]:
+def workload_figures(report: Report) -> list[dict[str, Any]]:
+    """The fields of each workload's WorkloadFigures."""
     if report.throughput is None:
         return _figures_from_measurements(report)
     figures = []
     for workload in report.throughput.workloads:
         spec = workload.spec_decode
-        # model_construct: every value was just validated as part of the Report; validating again costs more
-        # than reading the file at thousands of hosts.
-        figures.append(
-            WorkloadFigures.model_construct(
-                name=workload.name,
-                median_decode_tok_s=workload.decode_tok_s.median if workload.decode_tok_s else None,
-                peak_decode_tok_s=workload.peak_tok_s.max if workload.peak_tok_s else None,
-                acceptance_rate=spec.acceptance_rate if spec else None,
-                mean_acceptance_length=spec.mean_acceptance_length if spec else None,
-                per_position_acceptance=list(spec.per_position_acceptance) if spec else [],
-                converged=workload.converged,
-                error=workload.error,
-            )
-        )
+        figures.append({
+            "name": workload.name,
+            "median_decode_tok_s": workload.decode_tok_s.median if workload.decode_tok_s else None,
+            "peak_decode_tok_s": workload.peak_tok_s.max if workload.peak_tok_s else None,
+            "acceptance_rate": spec.acceptance_rate if spec else None,
+            "mean_acceptance_length": spec.mean_acceptance_length if spec else None,
+            "per_position_acceptance": spec.per_position_acceptance if spec else [],
+            "converged": workload.converged,
+            "error": workload.error,
+        })
     return figures
 
 
 def host_entry_from_report(host: str, loaded: LoadedReport, facts: BaseModel | None) -> HostEntry:
     report = loaded.report
-    environment = report.environment.model_copy()
+    environment = report.environment
     if facts is not None:
         # The report recorded what was true while it measured; facts only fill what it did not record.
-        for name, value in facts.model_dump(exclude_none=True).items():
-            if getattr(environment, name) is None:
-                setattr(environment, name, value)
+        missing = {name: value for name, value in facts.model_dump(exclude_none=True).items()
+                   if getattr(environment, name) is None}
+        if missing:
+            environment = environment.model_copy(update=missing)
     correctness = report.correctness
-    return HostEntry.model_construct(
-        host=host,
-        status="partial" if report.partial else "verified",
-        reason=(report.partial_reason or "the report is marked partial") if report.partial else None,
-        report_path=loaded.path,
-        recipe=report.recipe,
-        report_schema_version=loaded.upgraded_from if loaded.upgraded_from is not None else report.schema_version,
-        started_at=report.started_at,
-        endpoint=report.endpoint,
-        environment=environment,
-        smoke_passed=report.smoke.passed if report.smoke else None,
-        correctness_passed=correctness.passed if correctness else None,
-        correctness_identical=correctness.identical if correctness else None,
-        correctness_total=correctness.total if correctness else None,
-        workloads=workload_figures(report),
-        verdicts=[
-            HostClaimVerdict.model_construct(claim_id=v.claim_id, verdict=v.verdict, measured=v.measured,
-                                             reason=v.reason)
-            for v in report.verdicts
-        ],
-        all_claims_met=False,
-        drift_fields=[],
-        outlier_workloads=[],
-    )
+    return HostEntry.model_validate({
+        "host": host,
+        "status": "partial" if report.partial else "verified",
+        "reason": (report.partial_reason or "the report is marked partial") if report.partial else None,
+        "report_path": loaded.path,
+        "recipe": report.recipe,
+        "report_schema_version": loaded.upgraded_from if loaded.upgraded_from is not None else report.schema_version,
+        "started_at": report.started_at,
+        "endpoint": report.endpoint,
+        "environment": environment,  # an Environment instance: taken as it is, not validated again
+        "smoke_passed": report.smoke.passed if report.smoke else None,
+        "correctness_passed": correctness.passed if correctness else None,
+        "correctness_identical": correctness.identical if correctness else None,
+        "correctness_total": correctness.total if correctness else None,
+        "workloads": workload_figures(report),
+        "verdicts": [{"claim_id": v.claim_id, "verdict": v.verdict, "measured": v.measured, "reason": v.reason}
+                     for v in report.verdicts],
+    })
 
 
 def _read_host(host: str, report_path: Path, facts_path: Path | None, marker_path: Path | None,
@@ -358,6 +353,31 @@ def _workload_names(recipe: Recipe | None, usable: list[HostEntry]) -> list[str]
     return list(names)
 
 
+@dataclass
+class _Columns:
+    """What the statistics of one recipe read from its usable hosts, taken from each host once: host i of
+    `usable` is row i of every column. Groups of hosts are lists of row numbers."""
+
+    usable: list[HostEntry]
+    fingerprints: list[tuple[str | None, ...]]  # values of DRIFT_FIELDS, as text
+    figures: dict[str, list[WorkloadFigures | None]]  # per workload
+    decode: dict[str, list[float | None]]  # per workload: the median decode tok/s
+
+
+def fingerprint_value(entry: HostEntry, name: str) -> str | None:
+    value = getattr(entry.environment, name)
+    return None if value is None else str(value)
+
+
+def _columns(usable: list[HostEntry], workloads: list[str]) -> _Columns:
+    fingerprints = [tuple(fingerprint_value(entry, name) for name in DRIFT_FIELDS) for entry in usable]
+    by_name = [{figures.name: figures for figures in entry.workloads} for entry in usable]
+    figures = {name: [host.get(name) for host in by_name] for name in workloads}
+    decode = {name: [f.median_decode_tok_s if f is not None else None for f in column]
+              for name, column in figures.items()}
+    return _Columns(usable, fingerprints, figures, decode)
+
+
 def _per_position_median(curves: list[list[float]]) -> list[float]:
     if not curves:
         return []
@@ -365,11 +385,11 @@ def _per_position_median(curves: list[list[float]]) -> list[float]:
     return [stats.median([c[p] for c in curves if len(c) > p]) for p in range(length)]
 
 
-def _workload_distributions(names: list[str], recipe: Recipe | None, usable: list[HostEntry]
+def _workload_distributions(names: list[str], recipe: Recipe | None, columns: _Columns
                             ) -> list[WorkloadDistribution]:
     distributions = []
     for name in names:
-        figures = [f for f in (entry.workload(name) for entry in usable) if f is not None]
+        figures = [f for f in columns.figures[name] if f is not None]
         decode = [f.median_decode_tok_s for f in figures if f.median_decode_tok_s is not None]
         lines = [claim_line(c) for c in recipe.claims if c.metric.startswith(f"throughput.{name}.")] \
             if recipe is not None else []
@@ -387,31 +407,21 @@ def _workload_distributions(names: list[str], recipe: Recipe | None, usable: lis
     return distributions
 
 
-def fingerprint_value(entry: HostEntry, name: str) -> str | None:
-    value = getattr(entry.environment, name)
-    return None if value is None else str(value)
-
-
-def _drift(usable: list[HostEntry]) -> tuple[list[FieldDrift], dict[str, str | None]]:
+def _drift(columns: _Columns) -> tuple[list[FieldDrift], dict[str, str | None]]:
     """Fields with more than one known value across the recipe's hosts, and each field's most common value."""
     drifts, majority_of = [], {}
-    for name in DRIFT_FIELDS:
-        counts: Counter[str] = Counter()
-        unknown = []
-        for entry in usable:
-            value = fingerprint_value(entry, name)
-            if value is None:
-                unknown.append(entry.host)
-            else:
-                counts[value] += 1
+    usable = columns.usable
+    for index, name in enumerate(DRIFT_FIELDS):
+        values = [fingerprint[index] for fingerprint in columns.fingerprints]
+        counts = Counter(value for value in values if value is not None)
         majority = stats.plurality(counts)
         majority_of[name] = majority
         if len(counts) < 2:
             continue
+        unknown = [entry.host for entry, value in zip(usable, values, strict=True) if value is None]
         drifting = []
         if majority is not None:
-            for entry in usable:
-                value = fingerprint_value(entry, name)
+            for entry, value in zip(usable, values, strict=True):
                 if value is not None and value != majority:
                     drifting.append(entry.host)
                     entry.drift_fields.append(name)
@@ -421,12 +431,12 @@ def _drift(usable: list[HostEntry]) -> tuple[list[FieldDrift], dict[str, str | N
     return drifts, majority_of
 
 
-def _group_figures(members: list[HostEntry], workloads: list[str], reference: dict[str, float | None]
-                   ) -> list[GroupFigure]:
+def _group_figures(members: list[int], workloads: list[str], columns: _Columns,
+                   reference: dict[str, float | None]) -> list[GroupFigure]:
     figures = []
     for name in workloads:
-        values = [f.median_decode_tok_s for f in (m.workload(name) for m in members)
-                  if f is not None and f.median_decode_tok_s is not None]
+        decode = columns.decode[name]
+        values = [value for value in (decode[row] for row in members) if value is not None]
         group_median = stats.median(values) if values else None
         base = reference.get(name)
         relative = group_median / base - 1 if group_median is not None and base else None
@@ -435,52 +445,53 @@ def _group_figures(members: list[HostEntry], workloads: list[str], reference: di
     return figures
 
 
-def _group_medians(members: list[HostEntry], workloads: list[str]) -> dict[str, float | None]:
-    return {g.workload: g.median_decode_tok_s for g in _group_figures(members, workloads, {})}
+def _group_medians(members: list[int], workloads: list[str], columns: _Columns) -> dict[str, float | None]:
+    return {g.workload: g.median_decode_tok_s for g in _group_figures(members, workloads, columns, {})}
 
 
-def _field_effects(drifts: list[FieldDrift], usable: list[HostEntry], workloads: list[str]
-                   ) -> list[FieldValueEffect]:
+def _field_effects(drifts: list[FieldDrift], columns: _Columns, workloads: list[str]) -> list[FieldValueEffect]:
     effects = []
     for drift in drifts:
-        groups: dict[str, list[HostEntry]] = defaultdict(list)
-        for entry in usable:
-            value = fingerprint_value(entry, drift.field)
+        index = DRIFT_FIELDS.index(drift.field)
+        groups: dict[str, list[int]] = defaultdict(list)
+        for row, fingerprint in enumerate(columns.fingerprints):
+            value = fingerprint[index]
             if value is not None:  # hosts that do not record the field say nothing about its effect
-                groups[value].append(entry)
+                groups[value].append(row)
         reference_value = drift.majority_value if drift.majority_value is not None else max(
             groups, key=lambda value: len(groups[value]))
-        reference = _group_medians(groups[reference_value], workloads)
+        reference = _group_medians(groups[reference_value], workloads, columns)
         for value, members in sorted(groups.items(), key=lambda item: (-len(item[1]), str(item[0]))):
             effects.append(FieldValueEffect(field=drift.field, value=value, hosts=len(members),
                                             is_majority=value == drift.majority_value,
-                                            figures=_group_figures(members, workloads, reference)))
+                                            figures=_group_figures(members, workloads, columns, reference)))
     return effects
 
 
-def _fingerprint_groups(usable: list[HostEntry], majority_of: dict[str, str | None], workloads: list[str]
+def _fingerprint_groups(columns: _Columns, majority_of: dict[str, str | None], workloads: list[str]
                         ) -> list[FingerprintGroup]:
-    groups: dict[tuple[str | None, ...], list[HostEntry]] = defaultdict(list)
-    for entry in usable:
-        groups[tuple(fingerprint_value(entry, name) for name in DRIFT_FIELDS)].append(entry)
+    groups: dict[tuple[str | None, ...], list[int]] = defaultdict(list)
+    for row, fingerprint in enumerate(columns.fingerprints):
+        groups[fingerprint].append(row)
     majority_key = tuple(majority_of[name] for name in DRIFT_FIELDS)
     reference_key = majority_key if majority_key in groups else max(groups, key=lambda key: len(groups[key]))
-    reference = _group_medians(groups[reference_key], workloads)
+    reference = _group_medians(groups[reference_key], workloads, columns)
     result = []
     for key, members in sorted(groups.items(), key=lambda item: (-len(item[1]), [str(v) for v in item[0]])):
         differs = [name for name, value in zip(DRIFT_FIELDS, key, strict=True)
                    if value is not None and majority_of[name] is not None and value != majority_of[name]]
         result.append(FingerprintGroup(fingerprint=dict(zip(DRIFT_FIELDS, key, strict=True)),
-                                       differs_from_majority=differs, hosts=[m.host for m in members],
-                                       figures=_group_figures(members, workloads, reference)))
+                                       differs_from_majority=differs,
+                                       hosts=[columns.usable[row].host for row in members],
+                                       figures=_group_figures(members, workloads, columns, reference)))
     return result
 
 
-def _outliers(workloads: list[str], usable: list[HostEntry]) -> list[Outlier]:
+def _outliers(workloads: list[str], columns: _Columns) -> list[Outlier]:
     outliers = []
     for name in workloads:
-        measured = [(entry, f.median_decode_tok_s) for entry in usable
-                    if (f := entry.workload(name)) is not None and f.median_decode_tok_s is not None]
+        measured = [(entry, value) for entry, value in zip(columns.usable, columns.decode[name], strict=True)
+                    if value is not None]
         values = [value for _, value in measured]
         scores = stats.robust_z_scores(values)
         if scores is None:
@@ -515,8 +526,9 @@ def _recipe_fleet(name: str, members: list[HostEntry], shipped: set[str], report
         verdicts = {v.claim_id: v.verdict for v in entry.verdicts}
         entry.all_claims_met = entry.status == "verified" and all(verdicts.get(c) == "met" for c in claim_ids)
     workloads = _workload_names(recipe, usable)
-    drifts, majority_of = _drift(usable)
-    outliers = _outliers(workloads, usable)
+    columns = _columns(usable, workloads)
+    drifts, majority_of = _drift(columns)
+    outliers = _outliers(workloads, columns)
     return RecipeFleet(
         recipe=name,
         recipe_known=recipe is not None,
@@ -525,11 +537,11 @@ def _recipe_fleet(name: str, members: list[HostEntry], shipped: set[str], report
         hosts_all_claims_met=sum(1 for entry in usable if entry.all_claims_met),
         hosts_unverified=[entry.host for entry in members if entry.status != "verified"],
         claims=_count_claims(claims, usable),
-        workloads=_workload_distributions(workloads, recipe, usable),
+        workloads=_workload_distributions(workloads, recipe, columns),
         outliers=outliers,
         drift=drifts,
-        field_effects=_field_effects(drifts, usable, workloads),
-        fingerprint_groups=_fingerprint_groups(usable, majority_of, workloads) if usable else [],
+        field_effects=_field_effects(drifts, columns, workloads),
+        fingerprint_groups=_fingerprint_groups(columns, majority_of, workloads) if usable else [],
     )
 
 
