@@ -7,12 +7,13 @@ import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from fleet_factory import environment_for, make_report, write_host
 from test_fleet_aggregate import NO_P2P_HOSTS, SLOW_HOST, build_planted_fleet
 
-from b70ctl.fleet import render
+from b70ctl.fleet import render, svg
 from b70ctl.fleet.aggregate import aggregate
 from b70ctl.fleet.model import FleetReport
 
@@ -105,3 +106,22 @@ def test_markdown_of_100_hosts_fits_a_github_issue(tmp_path):
     assert summary.count("\n") < 80  # the summary stays a screenful or two; hosts are folded below
 
 
+def test_plots_are_well_formed_svg_with_ids_unique_in_the_page(rendered):
+    report, paths = rendered
+    html = paths["fleet.html"].read_text()
+    documents = re.findall(r"<svg\b.*?</svg>", html, re.DOTALL)
+    assert len(documents) == 5
+    ids = []
+    for document in documents:
+        root = ElementTree.fromstring(document)  # raises on anything a browser's XML parser would reject
+        ids += [element.get("id") for element in root.iter() if element.get("id")]
+    assert ids and len(ids) == len(set(ids))
+    assert render.render_html(report) == html  # the same report draws the same bytes
+
+
+def test_ticks_are_round_numbers():
+    assert svg.nice_ticks(0, 83.0, most=9) == [0, 10, 20, 30, 40, 50, 60, 70, 80]
+    assert svg.nice_ticks(0, 1.02, most=6) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert svg.nice_ticks(-16.0, 6.25, most=9) == [-15, -12.5, -10, -7.5, -5, -2.5, 0, 2.5, 5]
+    assert svg.tick_labels([-5, -2.5, 0, 2.5]) == ["\u22125.0", "\u22122.5", "0.0", "2.5"]
+    assert svg.tick_labels([0, 200, 400]) == ["0", "200", "400"]

@@ -54,7 +54,7 @@ def report_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print fleet.json to stdout")] = False,
 ) -> None:
     """Aggregate per-host reports into fleet.json, fleet.md and fleet.html, with verdicts, drift and outliers."""
-    # Imported here: matplotlib costs every other b70ctl command seconds of start-up otherwise.
+    # Imported here: jinja2 and the recipes are not needed by any other b70ctl command's start-up.
     from b70ctl.fleet.aggregate import aggregate
     from b70ctl.fleet.render import write_fleet_report
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from b70ctl.files import write_text_atomically
+from b70ctl.fleet import plots
 from b70ctl.fleet.layout import FLEET_JSON
 from b70ctl.fleet.model import (
     DRIFT_FIELDS,
@@ -138,8 +139,6 @@ def render_markdown(report: FleetReport) -> str:
 
 
 def _plots_of(fleet: RecipeFleet, hosts: list[HostEntry]) -> dict[str, str | None]:
-    from b70ctl.fleet import plots  # matplotlib: loaded only when an HTML report is drawn
-
     members = [h for h in hosts if h.recipe == fleet.recipe]
     return {
         "decode": plots.decode_per_host_svg(fleet, members),
