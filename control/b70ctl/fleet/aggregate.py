@@ -8,9 +8,11 @@ robust z-score outliers, drift against the fleet's most common values and the fi
 
 from __future__ import annotations
 
+import gc
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
@@ -70,6 +72,20 @@ class Collected:
     problems: list[InputProblem] = field(default_factory=list)
     # Per recipe, the claims its reports gave verdicts on (first seen): the claims of a recipe b70ctl does not ship.
     report_claims: dict[str, dict[str, ClaimInfo]] = field(default_factory=dict)
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Reading and rendering thousands of hosts allocates millions of objects and no reference cycles: reference
+    counting frees every report as soon as its entry is built. The cyclic collector would find nothing, yet
+    re-scan the growing set of live entries again and again: a quarter of the time at 5,000 hosts."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def tool_version() -> str:
@@ -600,12 +616,13 @@ def build_fleet_report(collected: Collected, source: str, *, generated_at: datet
 
 def aggregate(source: Path | str | Sequence[Path | str], *, generated_at: datetime | None = None) -> FleetReport:
     """The fleet report of REPORTS_DIR (one directory per host) or of a list of report.json files."""
-    if isinstance(source, (str, Path)):
-        reports_dir = Path(source)
-        collected = collect_directory(reports_dir)
-        label = str(reports_dir)
-    else:
-        paths = [Path(p) for p in source]
-        collected = collect_files(paths)
-        label = f"{len(paths)} report files"
-    return build_fleet_report(collected, label, generated_at=generated_at)
+    with cyclic_gc_paused():
+        if isinstance(source, (str, Path)):
+            reports_dir = Path(source)
+            collected = collect_directory(reports_dir)
+            label = str(reports_dir)
+        else:
+            paths = [Path(p) for p in source]
+            collected = collect_files(paths)
+            label = f"{len(paths)} report files"
+        return build_fleet_report(collected, label, generated_at=generated_at)

@@ -15,6 +15,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from b70ctl.files import write_text_atomically
 from b70ctl.fleet import plots
+from b70ctl.fleet.aggregate import cyclic_gc_paused
 from b70ctl.fleet.layout import FLEET_JSON
 from b70ctl.fleet.model import (
     DRIFT_FIELDS,
@@ -156,7 +157,8 @@ def render_html(report: FleetReport) -> str:
 def write_fleet_report(report: FleetReport, out_dir: Path) -> dict[str, Path]:
     """fleet.json, fleet.md and fleet.html in out_dir; returns their paths by name."""
     paths = {name: out_dir / name for name in (FLEET_JSON, FLEET_MD, FLEET_HTML)}
-    write_text_atomically(paths[FLEET_JSON], report.model_dump_json(indent=2) + "\n")
-    write_text_atomically(paths[FLEET_MD], render_markdown(report))
-    write_text_atomically(paths[FLEET_HTML], render_html(report))
+    with cyclic_gc_paused():
+        write_text_atomically(paths[FLEET_JSON], report.model_dump_json(indent=2) + "\n")
+        write_text_atomically(paths[FLEET_MD], render_markdown(report))
+        write_text_atomically(paths[FLEET_HTML], render_html(report))
     return paths
