@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from b70ctl.fleet.model import FleetReport
+if TYPE_CHECKING:  # the models are built when a report is made, not at every b70ctl command's start-up
+    from b70ctl.fleet.model import FleetReport
 
 app = typer.Typer(no_args_is_help=True, help="Fleet replication reports from many hosts' reports.")
 
