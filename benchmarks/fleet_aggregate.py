@@ -7,7 +7,10 @@ The reports are generated first (not timed): pr620-fp8-tp2 hosts with 8 requests
 comparisons of 128 token ids each (the size of a real verify report), 10% no-P2P hosts 12% slower, 3% on another
 kernel, 1% slow outliers, 0.5% unreachable and 0.2% truncated reports. Each size is then measured in a fresh
 process, twice: once for time and resident memory (ru_maxrss, and its growth over the process after imports),
-once under tracemalloc for the peak Python heap (tracemalloc slows allocation, so that run is not timed).
+once under tracemalloc for the peak Python heap (tracemalloc slows allocation, so that run is not timed). Both
+leave the imports out; a third run times the whole command, `b70ctl fleet report REPORTS_DIR --out DIR`, from
+interpreter start to exit. Its imports come from compiled bytecode, as in an installed b70ctl: the child processes
+get their own PYTHONPYCACHEPREFIX (filled by a warm-up import first) even where PYTHONDONTWRITEBYTECODE is set.
 """
 
 from __future__ import annotations
@@ -57,7 +60,6 @@ def measure(reports_dir: Path, out_dir: Path, trace: bool) -> dict[str, float]:
     """Runs in a fresh process: aggregate + render all three outputs once."""
     import tracemalloc
 
-    from b70ctl.fleet import plots  # noqa: F401  (import cost is not aggregation cost)
     from b70ctl.fleet.aggregate import aggregate
     from b70ctl.fleet.render import write_fleet_report
 
@@ -86,10 +88,30 @@ def measure(reports_dir: Path, out_dir: Path, trace: bool) -> dict[str, float]:
     return result
 
 
-def _child(reports_dir: Path, out_dir: Path, trace: bool) -> dict[str, float]:
+def _child_environment(root: Path) -> dict[str, str]:
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    environment["PYTHONPYCACHEPREFIX"] = str(root / "pycache")
+    return environment
+
+
+def _child(reports_dir: Path, out_dir: Path, trace: bool, environment: dict[str, str]) -> dict[str, float]:
     command = [sys.executable, __file__, "--measure", str(reports_dir), str(out_dir)] + (["--trace"] if trace else [])
-    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    completed = subprocess.run(command, capture_output=True, text=True, check=True, env=environment)
     return json.loads(completed.stdout)
+
+
+def _command(reports_dir: Path, out_dir: Path, environment: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of `b70ctl fleet report` in a fresh process, imports included."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    completed = subprocess.run([sys.executable, "-c", "from b70ctl.cli import main; main()", "fleet", "report",
+                                str(reports_dir), "--out", str(out_dir)], capture_output=True, text=True,
+                               env=environment)
+    wall_s = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if completed.returncode not in (0, 1):  # 1: some host did not meet every claim, as planted
+        raise RuntimeError(f"b70ctl fleet report exited {completed.returncode}: {completed.stderr}")
+    return wall_s, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -114,8 +136,12 @@ def main() -> None:
     print(f"report.json about {(largest / 'b70-00000' / 'report.json').stat().st_size / 1024:.0f} KiB each; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall time suffers on a shared machine, "
           "CPU time much less)")
-    print(f"{'hosts':>6} {'wall s':>7} {'cpu s':>6} {'aggregate wall/cpu s':>20} {'max RSS MiB':>11} "
-          f"{'RSS growth MiB':>14} {'heap peak MiB':>13} {'json KiB':>8} {'md KiB':>7} {'html KiB':>8}")
+    environment = _child_environment(root)
+    subprocess.run([sys.executable, "-c", "import b70ctl.cli, b70ctl.fleet.aggregate, b70ctl.fleet.render"],
+                   check=True, env=environment)  # compiles the bytecode the timed commands import
+    print(f"{'hosts':>6} {'wall s':>7} {'cpu s':>6} {'aggregate wall/cpu s':>20} {'command wall/cpu s':>18} "
+          f"{'max RSS MiB':>11} {'RSS growth MiB':>14} {'heap peak MiB':>13} {'json KiB':>8} {'md KiB':>7} "
+          f"{'html KiB':>8}")
     for size in sizes:
         reports_dir = largest
         if size != max(sizes):
@@ -125,10 +151,12 @@ def main() -> None:
                 reports_dir.mkdir()
                 for host in sorted(os.listdir(largest))[:size]:
                     (reports_dir / host).symlink_to(largest / host)
-        timed = _child(reports_dir, root / f"out-{size}", trace=False)
-        traced = _child(reports_dir, root / f"out-{size}-traced", trace=True)
+        timed = _child(reports_dir, root / f"out-{size}", trace=False, environment=environment)
+        traced = _child(reports_dir, root / f"out-{size}-traced", trace=True, environment=environment)
+        command_wall_s, command_cpu_s = _command(reports_dir, root / f"out-{size}-command", environment)
         aggregate_s = f"{timed['aggregate_wall_s']:.2f} / {timed['aggregate_cpu_s']:.2f}"
-        print(f"{timed['hosts']:>6} {timed['wall_s']:>7.2f} {timed['cpu_s']:>6.2f} {aggregate_s:>20} "
+        command_s = f"{command_wall_s:.2f} / {command_cpu_s:.2f}"
+        print(f"{timed['hosts']:>6} {timed['wall_s']:>7.2f} {timed['cpu_s']:>6.2f} {aggregate_s:>20} {command_s:>18} "
               f"{timed['max_rss_mib']:>11.0f} {timed['rss_growth_mib']:>14.0f} {traced['traced_peak_mib']:>13.1f} "
               f"{timed['json_kib']:>8.0f} {timed['md_kib']:>7.0f} {timed['html_kib']:>8.0f}", flush=True)
     if args.keep is None:
