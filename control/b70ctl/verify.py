@@ -60,7 +60,8 @@ def load_host_facts(path: Path) -> Environment:
     if not isinstance(facts, dict):
         raise BadInput(f"host facts {path}: expected a JSON object")
     known = {key: facts[key] for key in HOST_FACT_FIELDS if facts.get(key) is not None}
-    extra = {key: value for key, value in facts.items() if key not in HOST_FACT_FIELDS
+    # What the server says of itself (vllm_version, served_model) wins over the facts: not repeated as extra.
+    extra = {key: value for key, value in facts.items() if key not in Environment.model_fields
              and isinstance(value, (str, int, float, bool))}
     return Environment(**known, extra=extra)
 

@@ -102,17 +102,33 @@ def topology_command(
         out.print(f"{'wrote' if result['changed'] else 'unchanged'} {os.path.join(root, TOPOLOGY_PATH.lstrip('/'))}")
 
 
+def _facts_from(source: str) -> dict[str, Any]:
+    """The b70 fact of a host, from a file or '-' (stdin): how the controller checks a host it is not on."""
+    try:
+        text = sys.stdin.read() if source == "-" else open(source, encoding="utf-8").read()  # noqa: SIM115
+        facts = json.loads(text)
+    except (OSError, json.JSONDecodeError) as error:
+        raise BadInput(f"--facts {source}: cannot read JSON ({error}): give the output of `b70ctl host facts "
+                       "--json` (the host's b70 Ansible fact)") from error
+    if not isinstance(facts, dict) or "gpus" not in facts:
+        raise BadInput(f"--facts {source}: not a host facts document (no 'gpus'): give `b70ctl host facts --json`")
+    return facts
+
+
 @app.command("fit")
 def fit_command(
     recipe: Annotated[str, typer.Argument(help="Recipe name or path to a recipe file")],
     root: RootOption = "/",
+    facts: Annotated[str | None, typer.Option(
+        "--facts", help="Read the host's facts from this file (or - for stdin) instead of under --root")] = None,
     kv_cache_gib: Annotated[float, typer.Option("--kv-cache-gib", min=0, help="KV cache each card needs")] =
         KV_CACHE_GIB_MIN,
     as_json: JsonOption = False,
 ) -> None:
     """Does RECIPE fit this host: GPU count and ids, per-card VRAM budget, host RAM. Exit 1 when it does not."""
-    _check_root(root)
-    result = host_fit(load_recipe(recipe), collect_facts(root), kv_cache_gib)
+    if facts is None:
+        _check_root(root)
+    result = host_fit(load_recipe(recipe), _facts_from(facts) if facts else collect_facts(root), kv_cache_gib)
     if as_json:
         _print_json(result.model_dump(mode="json"))
     else:
@@ -122,3 +138,24 @@ def fit_command(
             out.print(f"{mark} {name}: {part.reason}", highlight=False)
     if not result.fits:
         raise typer.Exit(1)
+
+
+@app.command("environment")
+def environment_command(
+    recipe: Annotated[str, typer.Option(help="Recipe name or path to a recipe file")],
+) -> None:
+    """Read a host bundle (JSON on stdin: hostname, facts, topology, image, models, compute_runtime) and print the
+    host_facts.json `b70ctl verify --host-facts` and the fleet report read."""
+    from pydantic import ValidationError
+
+    from b70ctl.host.environment import HostBundle, host_environment
+    from b70ctl.lock.model import load_recipe_and_lock
+
+    try:
+        bundle = HostBundle.model_validate_json(sys.stdin.read())
+    except ValidationError as error:
+        raise BadInput(f"host bundle on stdin is invalid ({error.errors()[0]['loc']}: {error.errors()[0]['msg']}): "
+                       "pipe in the JSON the replication_check role collects") from error
+    recipe_model, lock_model, _ = load_recipe_and_lock(recipe, None)
+    environment = host_environment(bundle, recipe_model, lock_model)
+    _print_json(environment.model_dump(mode="json", exclude={"extra", "served_model"}, exclude_none=True))

@@ -265,3 +265,28 @@ def run_build(plan: BuildPlan, client: Any, on_output: Callable[[str], None], no
 def image_labels(client: Any, image: str) -> dict[str, str]:
     config = client.images.get(image).attrs.get("Config") or {}
     return {key: value for key, value in (config.get("Labels") or {}).items() if key.startswith("org.b70.")}
+
+
+def default_archive_dir() -> Path:
+    """The controller's image cache, beside the model cache: $XDG_CACHE_HOME/b70ctl/images."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "b70ctl" / "images"
+
+
+def save_archive(client: Any, image_id: str, archive_dir: Path, on_output: Callable[[str], None]) -> Path:
+    """`docker save` of one image into ARCHIVE_DIR/<id hex>.tar, once: the name is the content's identity, so an
+    existing archive is the same image. Written to a partial file and renamed, so an interrupted save leaves no
+    archive that looks whole."""
+    archive = archive_dir / f"{image_id.split(':', 1)[-1]}.tar"
+    if archive.is_file():
+        return archive
+    archive_dir.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_name(archive.name + ".partial")
+    on_output(f"saving {image_id} to {archive}")
+    written = 0
+    with partial.open("wb") as stream:
+        for chunk in client.images.get(image_id).save(named=False):
+            stream.write(chunk)
+            written += len(chunk)
+    os.replace(partial, archive)
+    on_output(f"saved {written / 2**30:.2f} GiB")
+    return archive

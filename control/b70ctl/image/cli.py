@@ -11,9 +11,9 @@ import typer
 from rich.console import Console
 
 from b70ctl.errors import BadInput
-from b70ctl.image.build import BuildFailed, image_labels, plan_build, run_build
+from b70ctl.image.build import BuildFailed, default_archive_dir, image_labels, plan_build, run_build, save_archive
 from b70ctl.image.patches import check_series
-from b70ctl.lock.model import load_recipe_and_lock
+from b70ctl.lock.model import load_recipe_and_lock, require_resolved
 from b70ctl.lock.resolve import repository_root
 
 app = typer.Typer(no_args_is_help=True, help="Images: the DSpark patch series, builds, labels.")
@@ -72,6 +72,31 @@ def _docker_client() -> Any:
     return client
 
 
+def _built_image(recipe_model: Any, lock_model: Any, base: str | None, no_cache: bool, client: Any) -> tuple[Any, str]:
+    """Plan (every refusal first), then build with the engine's layer cache; returns (plan, image id)."""
+
+    def local_image_id(reference: str) -> str:
+        from docker.errors import ImageNotFound
+
+        try:
+            return str(client.images.get(reference).id)
+        except ImageNotFound as error:
+            raise BadInput(f"local base image {reference} does not exist: build it first") from error
+
+    plan = plan_build(recipe_model, lock_model, repository_root(), base_override=base, local_image_id=local_image_id)
+    with Console(stderr=True).status(f"building {plan.image_tag}") as status:
+        def progress(line: str) -> None:
+            status.update(f"building {plan.image_tag}: {line[:100]}")
+            err.print(line, highlight=False, markup=False, soft_wrap=True)
+
+        try:
+            image_id = run_build(plan, client, progress, no_cache=no_cache)
+        except BuildFailed as error:
+            err.print(f"[bold red]build failed:[/] {error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from error
+    return plan, image_id
+
+
 @app.command("build")
 def build(
     recipe: Annotated[str, typer.Option(help="Recipe name or path")],
@@ -84,41 +109,49 @@ def build(
 ) -> None:
     """Build the recipe's image through the docker SDK, streaming the build's progress."""
     recipe_model, lock_model, _ = load_recipe_and_lock(recipe, lock)
-    client = None if dry_run else _docker_client()
-
-    def local_image_id(reference: str) -> str:
-        if client is None:
-            raise BadInput(f"base {reference} is built on this host: --dry-run cannot pin it without an engine")
-        from docker.errors import ImageNotFound
-
-        try:
-            return str(client.images.get(reference).id)
-        except ImageNotFound as error:
-            raise BadInput(f"local base image {reference} does not exist: build it first") from error
-
-    plan = plan_build(recipe_model, lock_model, repository_root(), base_override=base, local_image_id=local_image_id)
     if dry_run:
+        def no_engine(reference: str) -> str:
+            raise BadInput(f"base {reference} is built on this host: --dry-run cannot pin it without an engine")
+
+        plan = plan_build(recipe_model, lock_model, repository_root(), base_override=base, local_image_id=no_engine)
         data = {**plan.model_dump(mode="json"), "build_args": plan.build_args(), "context": plan.context_paths()}
         if as_json:
             _print_json(data)
         else:
             Console().print_json(json.dumps(data))
         return
-    with Console(stderr=True).status(f"building {plan.image_tag}") as status:
-        def progress(line: str) -> None:
-            status.update(f"building {plan.image_tag}: {line[:100]}")
-            err.print(line, highlight=False, markup=False, soft_wrap=True)
-
-        try:
-            image_id = run_build(plan, client, progress, no_cache=no_cache)
-        except BuildFailed as error:
-            err.print(f"[bold red]build failed:[/] {error}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from error
+    plan, image_id = _built_image(recipe_model, lock_model, base, no_cache, _docker_client())
     result = {"image": plan.image_tag, "id": image_id, "labels": plan.expected_labels()}
     if as_json:
         _print_json(result)
     else:
         Console().print(f"built {plan.image_tag} ({image_id})")
+
+
+@app.command("provide")
+def provide(
+    recipe: Annotated[str, typer.Option(help="Recipe name or path")],
+    archive_dir: Annotated[Path | None, typer.Option(
+        help="Where built images are saved as archives for the hosts (default $XDG_CACHE_HOME/b70ctl/images)")] = None,
+    lock: Annotated[Path | None, typer.Option(help="Lock file (default: beside the recipe)")] = None,
+    base: Annotated[str | None, typer.Option(
+        help="Build FROM this image instead of the lock's base: name@sha256:<digest> or a local image id")] = None,
+) -> None:
+    """What the dspark_image role installs on each host, as JSON: the locked name@digest to pull (source pull), or
+    the image built here once for the whole fleet and saved as an archive named by its id (source build)."""
+    recipe_model, lock_model, _ = load_recipe_and_lock(recipe, lock)
+    if recipe_model.image.source == "pull":
+        require_resolved(lock_model, ("image",))
+        name = recipe_model.image.reference
+        _print_json({"recipe": recipe_model.name, "source": "pull", "reference": f"{name}@{lock_model.image.digest}",
+                     "digest": lock_model.image.digest, "tag": recipe_model.image.tag,
+                     "vllm_version": recipe_model.vllm_version})
+        return
+    client = _docker_client()
+    plan, image_id = _built_image(recipe_model, lock_model, base, False, client)
+    archive = save_archive(client, image_id, archive_dir or default_archive_dir(), lambda line: err.print(line, highlight=False))
+    _print_json({"recipe": recipe_model.name, "source": "build", "reference": plan.image_tag, "id": image_id,
+                 "archive": str(archive), "labels": plan.expected_labels(), "vllm_version": plan.vllm_version})
 
 
 @app.command("inspect")

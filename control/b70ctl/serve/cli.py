@@ -9,11 +9,35 @@ from typing import Annotated
 
 import typer
 
-from b70ctl.host.model import load_topology
+from pydantic import ValidationError
+
+from b70ctl.errors import BadInput
+from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.recipes import load_recipe
-from b70ctl.serve.render import ServeContext, render_serve, render_xpu_container
+from b70ctl.serve.render import ServeContext, render_container
 
 app = typer.Typer(no_args_is_help=True, help="The vLLM serve command, rendered from recipe and host facts.")
+
+
+def _topology(path: Path) -> TopologyDocument:
+    """A topology file, or '-' for the document on stdin (the vllm_serve role pipes the host's copy in)."""
+    if str(path) != "-":
+        return load_topology(path)
+    try:
+        return TopologyDocument.model_validate_json(sys.stdin.read())
+    except ValidationError as error:
+        raise BadInput(f"topology on stdin is not a topology document ({error.error_count()} errors, first: "
+                       f"{error.errors()[0]['msg']}): pipe in /etc/b70/topology.json") from error
+
+
+def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise BadInput(f"--env {pair!r} is not NAME=VALUE: write it as --env NAME=VALUE")
+        env[name] = value
+    return env
 
 
 @app.command("render")
@@ -23,25 +47,20 @@ def render(
     drafter_dir: Annotated[str, typer.Option(help="Drafter directory as the server sees it")] = "/models/drafter",
     port: Annotated[int, typer.Option(help="Port the server listens on")] = 8000,
     topology: Annotated[Path | None, typer.Option(
-        help="The host's topology.json (b70ctl host topology --write); required for XPU recipes")] = None,
+        help="The host's topology.json (b70ctl host topology --write), or - for stdin; required for XPU recipes")
+    ] = None,
     baseline: Annotated[bool, typer.Option(help="Render the target-only baseline (no speculation)")] = False,
+    env: Annotated[list[str] | None, typer.Option(
+        help="Extra NAME=VALUE for the server's environment (a site's own setting; repeatable)")] = None,
 ) -> None:
     """Print {"argv", "env", "docker_args"} as JSON: the one rendering every consumer uses."""
     loaded = load_recipe(recipe)
     context = ServeContext(model_dir=model_dir, drafter_dir=drafter_dir, host="0.0.0.0", port=port,
-                           speculative=not baseline)
-    if loaded.host.accelerator == "xpu":
-        if topology is None:
-            from b70ctl.errors import BadInput
-
-            raise BadInput(f"recipe {loaded.name} runs on XPU: pass --topology /etc/b70/topology.json (written by "
-                           "`b70ctl host topology --write` or the gpu_topology role)")
-        try:
-            command = render_xpu_container(loaded, context, load_topology(topology))
-        except ValueError as error:
-            from b70ctl.errors import BadInput
-
-            raise BadInput(f"{error}: use a host with more GPUs or a recipe with a smaller TP") from error
-    else:
-        command = render_serve(loaded, context)
+                           speculative=not baseline, extra_env=_env_pairs(env or []))
+    document = _topology(topology) if topology is not None else None
+    try:
+        command = render_container(loaded, context, document)
+    except ValueError as error:
+        raise BadInput(f"{error}: pass --topology /etc/b70/topology.json of a host with enough GPUs, or choose a "
+                       "recipe that fits") from error
     sys.stdout.write(json.dumps(command.model_dump(), indent=2) + "\n")

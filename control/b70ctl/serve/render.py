@@ -127,6 +127,22 @@ def render_xpu_container(recipe: Recipe, context: ServeContext, topology: Topolo
     return command.model_copy(update={"docker_args": devices + XPU_DOCKER_ARGS + profile_args})
 
 
+# The CPU serving container: vLLM's engine needs more than docker's 64 MiB of /dev/shm, and host networking
+# keeps the port where the unit and the health check expect it.
+CPU_DOCKER_ARGS = ["--network", "host", "--shm-size", "1g"]
+
+
+def render_container(recipe: Recipe, context: ServeContext, topology: TopologyDocument | None) -> ServeCommand:
+    """The serve command of the appliance's container on a host: XPU recipes take the host's topology, CPU
+    recipes need none."""
+    if recipe.host.accelerator == "xpu":
+        if topology is None:
+            raise ValueError(f"recipe {recipe.name} runs on XPU: it needs the host's topology.json (written by "
+                             "`b70ctl host topology --write` or the gpu_topology role)")
+        return render_xpu_container(recipe, context, topology)
+    return render_serve(recipe, context).model_copy(update={"docker_args": list(CPU_DOCKER_ARGS)})
+
+
 def model_paths(models_root: Path, recipe: Recipe) -> tuple[str, str | None]:
     """Target and drafter directories under a model store root, as the model store lays them out."""
     target = models_root / (recipe.target.generated or "target")

@@ -1,0 +1,64 @@
+"""A host's serving environment, as a report records it: one mapping from what the appliance leaves on a host
+to the report's Environment fields.
+
+The replication_check role gathers, per host, the b70 Ansible fact (GPU inventory from sysfs, host/facts.py),
+/etc/b70/topology.json (oneCCL profile), /etc/b70/image.json (dspark_image role), /etc/b70/models.json
+(model_store role) and the compute runtime's package version, and pipes them here as one bundle; the output is
+the host_facts.json that `b70ctl verify --host-facts` and the fleet report read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from b70ctl.lock.model import Lock, appliance_hash
+from b70ctl.recipes.model import Recipe
+from b70ctl.report.model import Environment
+
+
+class HostBundle(BaseModel):
+    """What the role collects on a host; every part may be missing (a host stage that has not run yet)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hostname: str | None = None
+    facts: dict[str, Any] = Field(default_factory=dict, description="The b70 fact (host/facts.py output)")
+    topology: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/topology.json")
+    image: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/image.json")
+    models: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/models.json")
+    compute_runtime: str | None = Field(None, description="Installed version of Intel's Level Zero GPU driver")
+
+
+def _firmware_version(facts: dict[str, Any], kind: str) -> str | None:
+    """The release version of the first present xe firmware file of KIND (guc or huc), else its file name."""
+    for name, entry in sorted((facts.get("firmware_files") or {}).items()):
+        if f"_{kind}" in name.rsplit("/", 1)[-1] and isinstance(entry, dict) and entry.get("present"):
+            return str(entry.get("release_version") or entry.get("file") or name)
+    return None
+
+
+def _revision(models: dict[str, Any], role: str) -> str | None:
+    entry = models.get(role)
+    return str(entry["revision"]) if isinstance(entry, dict) and entry.get("revision") else None
+
+
+def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environment:
+    facts = bundle.facts
+    by_model = facts.get("gpu_count_by_model") or {}
+    return Environment(
+        hostname=bundle.hostname,
+        appliance_hash=appliance_hash(recipe, lock),
+        image_digest=bundle.image.get("digest") or bundle.image.get("id"),
+        vllm_version=bundle.image.get("vllm_version"),
+        model_revision=_revision(bundle.models, "target"),
+        drafter_revision=_revision(bundle.models, "drafter"),
+        kernel=facts.get("kernel_release"),
+        xe_guc_firmware=_firmware_version(facts, "guc"),
+        xe_huc_firmware=_firmware_version(facts, "huc"),
+        compute_runtime=bundle.compute_runtime,
+        gpu_count=facts.get("gpu_count") if facts else None,
+        gpu_model=", ".join(f"{count}x {name}" for name, count in sorted(by_model.items())) or None,
+        p2p_profile=bundle.topology.get("profile"),
+    )
