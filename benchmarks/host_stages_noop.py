@@ -29,7 +29,7 @@ SCENARIOS = {1: "b70x2-switch", 2: "b70x2-root-ports", 3: "b70x2-switch", 4: "b7
 def timed_noop_run(inventory: Path, forks: int, limit: str | None) -> float:
     args = ["--forks", str(forks)] + (["--limit", limit] if limit else [])
     started = time.monotonic()
-    run = run_playbook(inventory, *args)
+    run = run_playbook(inventory, *args, playbook="playbooks/host.yml")
     wall_s = time.monotonic() - started
     changed = {host: counts["changed"] for host, counts in run.recap.items()}
     if run.returncode != 0 or any(changed.values()):
@@ -48,7 +48,7 @@ def main() -> None:
             hosts, ssh_key = start_hosts(PREFIX, SUBNET, SCENARIOS, work_dir)
             inventory = write_inventory(work_dir / "bench.yml", hosts, ssh_key)
             started = time.monotonic()
-            first = run_playbook(inventory, "--forks", "4")
+            first = run_playbook(inventory, "--forks", "4", playbook="playbooks/host.yml")
             if first.returncode != 0:
                 raise SystemExit(f"provisioning failed:\n{first.output[-3000:]}")
             provision_s = time.monotonic() - started

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from provision import Appliance, start_hosts, testhosts
+from provision import Appliance, PlaybookRun, run_playbook, start_hosts, testhosts
 
 HOST_PREFIX = "b70-app"
 HOST_SUBNET = "172.30.72.0/24"
@@ -34,3 +34,15 @@ def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
     finally:
         if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
             testhosts("down", "--prefix", HOST_PREFIX)
+
+
+@pytest.fixture(scope="session")
+def provisioned(appliance: Appliance) -> tuple[Appliance, list[str], PlaybookRun]:
+    """The whole site.yml, once, on the P2P and the no-P2P host with the cpu-tiny recipe: host stages, the CPU
+    image built on the controller and loaded, tiny models generated on each host, vLLM under systemd, verify and
+    the fleet report. Every test of the hosts' state reads what this run left."""
+    hosts = [appliance.host(1), appliance.host(2)]
+    inventory = appliance.inventory("provision", hosts)
+    first = run_playbook(inventory)
+    assert first.returncode == 0, first.output[-6000:]
+    return appliance, [host.name for host in hosts], first

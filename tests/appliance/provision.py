@@ -1,5 +1,5 @@
 """Bring up test hosts, give each its emulated hardware, write inventories and run playbooks: shared by the
-appliance tests (conftest.py) and benchmarks/host_stages_noop.py. No pytest here."""
+appliance tests (conftest.py) and benchmarks/host_stages_noop.py. No pytest fixtures here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import testinfra
 import yaml
 
 from aptrepo import build_repository, role_packages
@@ -101,6 +102,17 @@ def write_inventory(path: Path, hosts: list[HostUnderTest], ssh_key: str, host_v
     }}}}
     path.write_text(yaml.safe_dump(inventory, sort_keys=False))
     return path
+
+
+def on(name: str) -> testinfra.host.Host:
+    return testinfra.get_host(f"docker://{name}")
+
+
+def assert_recap(run: PlaybookRun, hosts: list[str], **expected: int) -> None:
+    assert sorted(run.recap) == sorted(hosts), run.output[-3000:]
+    for host in hosts:
+        for key, value in expected.items():
+            assert run.recap[host][key] == value, f"{host} {key}={run.recap[host][key]}\n{run.output[-4000:]}"
 
 
 @dataclass

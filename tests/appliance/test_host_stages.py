@@ -1,41 +1,20 @@
-"""The host stages of site.yml on real systemd test hosts: what they install, idempotence, check mode, overrides,
-and broken inventories stopped by preflight before any change."""
+"""The host stages of site.yml on real systemd test hosts: what they install, idempotence and check mode of the
+whole site.yml, overrides, and broken inventories stopped by preflight before any change."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import testinfra
 
 from aptrepo import DECOY_VERSION, role_packages
-from provision import FIXTURE_ROOT, Appliance, PlaybookRun, run_playbook
+from provision import FIXTURE_ROOT, Appliance, PlaybookRun, assert_recap, on, run_playbook
 
 # The first test also provisions the hosts (apt inside each): allow for a slow mirror or a busy machine.
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
 PINNED = role_packages("intel_gpu", "intel_gpu_packages") + role_packages("oneapi", "oneapi_packages")
 EXPECTED_PROFILE = {"b70x2-switch": "p2p", "b70x2-root-ports": "no-p2p"}
-
-
-def on(name: str) -> testinfra.host.Host:
-    return testinfra.get_host(f"docker://{name}")
-
-
-def assert_recap(run: PlaybookRun, hosts: list[str], **expected: int) -> None:
-    assert sorted(run.recap) == sorted(hosts), run.output[-3000:]
-    for host in hosts:
-        for key, value in expected.items():
-            assert run.recap[host][key] == value, f"{host} {key}={run.recap[host][key]}\n{run.output[-4000:]}"
-
-
-@pytest.fixture(scope="module")
-def provisioned(appliance: Appliance) -> tuple[Appliance, list[str], PlaybookRun]:
-    hosts = [appliance.host(1), appliance.host(2)]
-    inventory = appliance.inventory("provision", hosts)
-    first = run_playbook(inventory)
-    assert first.returncode == 0, first.output[-6000:]
-    return appliance, [host.name for host in hosts], first
 
 
 @pytest.fixture(params=[1, 2], ids=["p2p-host", "no-p2p-host"])

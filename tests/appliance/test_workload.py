@@ -1,0 +1,174 @@
+"""The workload stages of site.yml on the two real test hosts, after the session's full site.yml run: the CPU
+image built on the controller and loaded, tiny models generated on each host, vLLM under systemd with draft-model
+speculation, verify from the controller and the fleet report; then the faults each stage must survive without
+taking the serving appliance down."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from provision import Appliance, PlaybookRun, assert_recap, on, run_playbook
+
+pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
+
+SERVED_MODEL = "tiny-qwen3"  # control/b70ctl/recipes/data/cpu-tiny.yaml serve.served_model_name
+UNITS = {"b70-vllm": 8000, "b70-vllm-baseline": 8001}
+
+
+def answers(address: str, port: int, path: str = "/health") -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{address}:{port}{path}", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_until_serving(address: str, port: int, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if answers(address, port):
+            return
+        time.sleep(5)
+    raise AssertionError(f"{address}:{port} did not answer /health within {timeout_s} s")
+
+
+def main_pid(host_name: str, unit: str) -> str:
+    return on(host_name).check_output(f"systemctl show --property=MainPID --value {unit}")
+
+
+@pytest.fixture(params=[1, 2], ids=["p2p-host", "no-p2p-host"])
+def host(request: pytest.FixtureRequest, provisioned: tuple[Appliance, list[str], PlaybookRun]):
+    appliance, _, _ = provisioned
+    return appliance.host(request.param)
+
+
+def test_image_built_once_on_the_controller_and_loaded_by_id(host) -> None:
+    remote = on(host.name)
+    image = json.loads(remote.file("/etc/b70/image.json").content_string)
+    assert image["source"] == "build" and image["recipe"] == "cpu-tiny"
+    assert image["id"].startswith("sha256:")
+    assert remote.check_output(f"docker image inspect --format '{{{{.Id}}}}' {image['id']}") == image["id"]
+    assert image["labels"]["org.b70.vllm.version"] == "0.32.0"
+    assert remote.check_output("ls -A /var/lib/b70/spool") == ""  # the archive is not left behind
+
+
+def test_tiny_models_generated_on_the_host(host) -> None:
+    remote = on(host.name)
+    models = json.loads(remote.file("/etc/b70/models.json").content_string)
+    assert models["target"]["path"] == "/var/lib/b70/models/cpu-tiny/target"
+    assert models["drafter"]["path"] == "/var/lib/b70/models/cpu-tiny/draft-perturbed"
+    for role in ("target", "drafter"):
+        assert models[role]["revision"].startswith("generated-")
+        assert remote.file(f"{models[role]['path']}/model.safetensors").size > 0
+
+
+def test_units_serve_the_rendered_command_under_systemd(host) -> None:
+    remote = on(host.name)
+    for unit, port in UNITS.items():
+        service = remote.service(unit)
+        assert service.is_running and service.is_enabled, unit
+        assert answers(host.address, port, "/v1/models"), f"{unit} on {host.address}:{port}"
+        text = remote.file(f"/etc/systemd/system/{unit}.service").content_string
+        assert "Restart=on-failure" in text and f"User=b70" in text
+        assert "--env-file' '/etc/b70/serve/" in text
+    speculative = remote.file("/etc/systemd/system/b70-vllm.service").content_string
+    assert '"method":"draft_model","num_speculative_tokens":4,"model":"/models/draft-perturbed"' in speculative
+    assert "--speculative-config" not in remote.file("/etc/systemd/system/b70-vllm-baseline.service").content_string
+    assert remote.file("/etc/b70/serve/b70-vllm.env").content_string.splitlines()[1:] == ["VLLM_CPU_KVCACHE_SPACE=1"]
+    assert not remote.file("/etc/b70/serve/api-key.env").exists
+    with urllib.request.urlopen(f"http://{host.address}:8000/v1/models", timeout=10) as response:
+        assert [model["id"] for model in json.load(response)["data"]] == [SERVED_MODEL]
+
+
+def test_reports_collected_on_the_controller_with_host_facts(provisioned) -> None:
+    appliance, names, _ = provisioned
+    reports = appliance.work_dir / "reports"
+    expected_profile = {appliance.host(1).name: "p2p", appliance.host(2).name: "no-p2p"}
+    for name in names:
+        report = json.loads((reports / name / "report.json").read_text())
+        assert (reports / name / "report.md").is_file()
+        assert report["recipe"] == "cpu-tiny" and not report["partial"]
+        environment = report["environment"]
+        image = json.loads(on(name).file("/etc/b70/image.json").content_string)
+        assert environment["image_digest"] == image["id"]
+        assert environment["p2p_profile"] == expected_profile[name]
+        assert environment["gpu_count"] == 2 and environment["gpu_model"] == "2x B70"
+        assert environment["xe_guc_firmware"] and environment["kernel"]
+        assert environment["appliance_hash"].startswith("sha256:")
+        assert environment["model_revision"].startswith("generated-")
+        assert {claim["claim_id"]: claim["verdict"] for claim in report["verdicts"]} == {
+            "greedy-identical": "met", "acceptance-friendly-acceptance": "met", "short-median": "met"}
+    fleet = json.loads((reports / "fleet" / "fleet.json").read_text())
+    assert sorted(host["host"] for host in fleet["hosts"]) == sorted(names)
+    html = (reports / "fleet" / "fleet.html").read_text()
+    assert "<svg" in html and "http://" not in html.split("<body", 1)[-1].replace("http://www.w3.org", "")
+    assert "no-p2p" in (reports / "fleet" / "fleet.md").read_text()
+
+
+def test_second_run_keeps_serving_and_measures_nothing_new(provisioned) -> None:
+    appliance, names, _ = provisioned
+    pids = {name: main_pid(name, "b70-vllm") for name in names}
+    second = run_playbook(appliance.work_dir / "provision.yml")
+    assert second.returncode == 0, second.output[-4000:]
+    assert_recap(second, names, changed=0, failed=0, unreachable=0)
+    assert "already measured this serving configuration" in second.output
+    assert {name: main_pid(name, "b70-vllm") for name in names} == pids  # not restarted
+
+
+def test_image_digest_that_does_not_exist_fails_and_serving_stays(provisioned) -> None:
+    appliance, _, _ = provisioned
+    host = appliance.host(1)
+    missing = "127.0.0.1:5999/b70/missing@sha256:" + "0" * 64
+    pid = main_pid(host.name, "b70-vllm")
+    run = run_playbook(appliance.inventory("missing-digest", [host]), "-e", f"dspark_image_pull_reference={missing}",
+                       "-e", "dspark_image_source=pull", playbook="playbooks/image.yml")
+    assert run.returncode != 0
+    assert_recap(run, [host.name], failed=1)
+    assert f"cannot pull {missing} (digest sha256:{'0' * 64}" in run.output
+    assert "dspark_image_source: build" in run.output and "b70ctl lock resolve" in run.output
+    assert main_pid(host.name, "b70-vllm") == pid and answers(host.address, 8000)
+    assert json.loads(on(host.name).file("/etc/b70/image.json").content_string)["source"] == "build"
+
+
+def test_drafter_of_another_model_is_refused_before_serving_changes(provisioned) -> None:
+    appliance, _, _ = provisioned
+    host = appliance.host(2)
+    remote = on(host.name)
+    config = "/var/lib/b70/models/cpu-tiny/draft-perturbed/config.json"
+    original = remote.file(config).content_string
+    pid = main_pid(host.name, "b70-vllm")
+    foreign = json.loads(original) | {"vocab_size": 151936}
+    remote.run(f"cp {config} {config}.orig && printf '%s' '{json.dumps(foreign)}' > {config}")
+    try:
+        run = run_playbook(appliance.inventory("foreign-drafter", [host]), playbook="playbooks/models.yml")
+        assert run.returncode != 0
+        assert_recap(run, [host.name], failed=1)
+        assert "has vocab_size 151936, the target 1024: it is a drafter of another model" in run.output
+        assert main_pid(host.name, "b70-vllm") == pid and answers(host.address, 8000)
+    finally:
+        remote.run(f"mv {config}.orig {config}")
+
+
+def test_serving_that_never_becomes_healthy_rolls_back_to_the_last_good(provisioned) -> None:
+    appliance, _, _ = provisioned
+    host = appliance.host(1)
+    remote = on(host.name)
+    good_env = remote.file("/etc/b70/serve/b70-vllm.env").content_string
+    # A KV cache far larger than the machine: vLLM exits at start-up, and systemd restarts it in vain.
+    run = run_playbook(appliance.inventory("never-healthy", [host],
+                                           group_vars={"vllm_serve_extra_env": {"VLLM_CPU_KVCACHE_SPACE": "100000"},
+                                                       "vllm_serve_health_timeout": 60}),
+                       playbook="playbooks/serve.yml")
+    assert run.returncode != 0
+    assert_recap(run, [host.name], failed=1)
+    assert f"{host.name}: vLLM is not serving: Wait for /health failed" in run.output
+    assert "The last healthy configuration was put back and restarted." in run.output
+    assert "Last log lines: [b70-vllm]" in run.output
+    assert remote.file("/etc/b70/serve/b70-vllm.env").content_string == good_env
+    wait_until_serving(host.address, 8000)
+    wait_until_serving(host.address, 8001)
