@@ -6,13 +6,15 @@ taking the serving appliance down."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from provision import Appliance, PlaybookRun, assert_recap, on, run_playbook
+from provision import Appliance, HostUnderTest, PlaybookRun, assert_recap, on, run_playbook
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
@@ -74,7 +76,7 @@ def test_units_serve_the_rendered_command_under_systemd(host) -> None:
         assert service.is_running and service.is_enabled, unit
         assert answers(host.address, port, "/v1/models"), f"{unit} on {host.address}:{port}"
         text = remote.file(f"/etc/systemd/system/{unit}.service").content_string
-        assert "Restart=on-failure" in text and f"User=b70" in text
+        assert "Restart=on-failure" in text and "User=b70" in text
         assert "--env-file' '/etc/b70/serve/" in text
     speculative = remote.file("/etc/systemd/system/b70-vllm.service").content_string
     assert '"method":"draft_model","num_speculative_tokens":4,"model":"/models/draft-perturbed"' in speculative
@@ -168,7 +170,45 @@ def test_serving_that_never_becomes_healthy_rolls_back_to_the_last_good(provisio
     assert_recap(run, [host.name], failed=1)
     assert f"{host.name}: vLLM is not serving: Wait for /health failed" in run.output
     assert "The last healthy configuration was put back and restarted." in run.output
-    assert "Last log lines: [b70-vllm]" in run.output
+    assert "Last log lines: [b70-vllm]" in run.output and "(100000.0 GiB)" in run.output  # vLLM's own reason
     assert remote.file("/etc/b70/serve/b70-vllm.env").content_string == good_env
     wait_until_serving(host.address, 8000)
     wait_until_serving(host.address, 8001)
+
+
+def test_api_key_from_a_0600_file_then_verify_yml_reports_every_host_even_unreachable(provisioned) -> None:
+    """Last: it leaves the no-P2P host serving with an API key. verify.yml on its own measures again, with the key
+    from a 0600 file, and a host that cannot be reached becomes a row with its reason instead of stopping the run."""
+    appliance, _, _ = provisioned
+    host = appliance.host(2)
+    remote = on(host.name)
+    key = "sk-test-" + "7" * 24
+    keyed = {"vllm_serve_api_key": key}
+    served = run_playbook(appliance.inventory("api-key", [host], group_vars=keyed), playbook="playbooks/serve.yml")
+    assert served.returncode == 0, served.output[-4000:]
+    assert key not in served.output
+    key_file = remote.file("/etc/b70/serve/api-key.env")
+    assert key_file.mode == 0o600 and key_file.user == "b70"
+    assert key not in remote.file("/etc/systemd/system/b70-vllm.service").content_string
+    assert key not in remote.check_output("ps -eo args")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://{host.address}:8000/v1/models", timeout=10)
+    assert refused.value.code == 401
+
+    ghost = HostUnderTest("b70-app-ghost", "172.30.72.250", None)  # an address on the test network nobody holds
+    inventory = appliance.inventory("fleet-with-ghost", [host, ghost], group_vars=keyed)
+    reports = appliance.work_dir / "reports"
+    before = (reports / host.name / "report.json").stat().st_mtime
+    run = run_playbook(inventory, playbook="playbooks/verify.yml")
+    assert run.returncode != 0  # the ghost is unreachable; the real host is verified regardless
+    assert run.recap[host.name]["failed"] == 0 and run.recap[ghost.name]["unreachable"] == 1
+    assert key not in run.output
+    assert (reports / host.name / "report.json").stat().st_mtime > before  # measured again, with the key
+    assert json.loads((reports / host.name / "report.json").read_text())["passed"]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    assert (cache / "b70ctl" / "secrets" / f"{host.name}.api-key").stat().st_mode & 0o777 == 0o600
+    marker = json.loads((reports / ghost.name / "unreachable.json").read_text())
+    assert marker["kind"] == "unreachable" and "172.30.72.250" in marker["reason"]
+    fleet = json.loads((reports / "fleet" / "fleet.json").read_text())
+    rows = {entry["host"]: entry for entry in fleet["hosts"]}
+    assert rows[ghost.name]["status"] == "unreachable" and rows[host.name]["status"] == "verified"
