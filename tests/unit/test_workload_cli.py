@@ -1,0 +1,172 @@
+"""The b70ctl commands the workload roles run on the controller: image provide, serve render for the container,
+host environment and host fit from a host's facts, and the standalone tiny-model generator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from b70ctl.cli import app
+from b70ctl.errors import BadInput
+from b70ctl.host.facts import collect_facts
+from b70ctl.host.topology import TOPOLOGY_PATH, topology
+from b70ctl.image.build import save_archive
+from b70ctl.lock.model import appliance_hash, load_recipe_and_lock
+from b70ctl.report.model import Environment
+from b70ctl.verify import HOST_FACT_FIELDS
+from sysfs_trees import build_tree
+
+runner = CliRunner()
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    stdout: str
+    output: str
+
+
+def invoke(*args: str, stdin: str | None = None) -> Outcome:
+    """As `b70ctl` runs it: BadInput becomes exit 2 with its one-line message (b70ctl.cli.main)."""
+    result = runner.invoke(app, list(args), input=stdin)
+    if isinstance(result.exception, BadInput):
+        return Outcome(result.exception.exit_code, result.stdout, str(result.exception))
+    return Outcome(result.exit_code, result.stdout, result.output)
+
+
+@pytest.fixture()
+def p2p_host(tmp_path: Path) -> tuple[dict, str]:
+    root = build_tree(tmp_path, "b70x2-switch")
+    topology(root, tensor_parallel_size=2, write=True)
+    return collect_facts(root), (Path(root) / TOPOLOGY_PATH.lstrip("/")).read_text()
+
+
+def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
+    facts, topology_text = p2p_host
+    bundle = {"hostname": "b70-a", "facts": facts, "topology": json.loads(topology_text),
+              "image": {"id": "sha256:" + "a" * 64, "vllm_version": "0.21.0"},
+              "models": {"target": {"revision": "r-target"}, "drafter": {"revision": "r-drafter"}},
+              "compute_runtime": "26.14.37833.4-1~24.04~ppa1"}
+    result = invoke("host", "environment", "--recipe", "pr620-fp8-tp2", stdin=json.dumps(bundle))
+    assert result.exit_code == 0, result.output
+    environment = json.loads(result.stdout)
+    recipe, lock, _ = load_recipe_and_lock("pr620-fp8-tp2", None)
+    assert environment == {
+        "hostname": "b70-a", "appliance_hash": appliance_hash(recipe, lock), "image_digest": "sha256:" + "a" * 64,
+        "vllm_version": "0.21.0", "model_revision": "r-target", "drafter_revision": "r-drafter",
+        "kernel": facts["kernel_release"], "xe_guc_firmware": "70.54.0", "xe_huc_firmware": "xe/bmg_huc.bin",
+        "compute_runtime": "26.14.37833.4-1~24.04~ppa1", "gpu_count": 2, "gpu_model": "2x B70", "p2p_profile": "p2p"}
+    # Everything the report takes from host facts is produced here (no field named twice differently).
+    assert set(HOST_FACT_FIELDS) <= set(environment)
+    assert set(environment) <= set(Environment.model_fields)
+
+
+def test_host_environment_of_a_bare_host_and_bad_input() -> None:
+    result = invoke("host", "environment", "--recipe", "cpu-tiny", stdin=json.dumps({"hostname": "h"}))
+    assert result.exit_code == 0 and json.loads(result.stdout)["hostname"] == "h"
+    bad = invoke("host", "environment", "--recipe", "cpu-tiny", stdin=json.dumps({"facts": [1]}))
+    assert bad.exit_code == 2 and "host bundle on stdin is invalid" in bad.output
+
+
+def test_host_fit_reads_another_hosts_facts_from_stdin(p2p_host) -> None:
+    facts, _ = p2p_host
+    fits = invoke("host", "fit", "pr620-fp8-tp2", "--facts", "-", "--json", stdin=json.dumps(facts))
+    assert fits.exit_code == 0, fits.output
+    assert json.loads(fits.stdout)["fits"] is True
+    one_card = dict(facts, gpus=facts["gpus"][:1], gpu_count=1)
+    refused = invoke("host", "fit", "pr620-fp8-tp2", "--facts", "-", "--json", stdin=json.dumps(one_card))
+    assert refused.exit_code == 1 and json.loads(refused.stdout)["fits"] is False
+    garbage = invoke("host", "fit", "pr620-fp8-tp2", "--facts", "-", stdin="{not json")
+    assert garbage.exit_code == 2 and "give the output of `b70ctl host facts --json`" in garbage.output
+
+
+def test_serve_render_takes_the_topology_on_stdin_and_site_env(p2p_host, tmp_path: Path) -> None:
+    _, topology_text = p2p_host
+    path = tmp_path / "topology.json"
+    path.write_text(topology_text)
+    from_file = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", str(path))
+    from_stdin = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", "-", "--env", "SITE_X=1=2",
+                        stdin=topology_text)
+    assert from_file.exit_code == 0 and from_stdin.exit_code == 0, from_stdin.output
+    file_command, stdin_command = json.loads(from_file.stdout), json.loads(from_stdin.stdout)
+    assert stdin_command["env"] == {**file_command["env"], "SITE_X": "1=2"}
+    assert stdin_command["argv"] == file_command["argv"] and stdin_command["docker_args"] == file_command["docker_args"]
+    bad_env = invoke("serve", "render", "--recipe", "cpu-tiny", "--env", "NOEQUALS")
+    assert bad_env.exit_code == 2 and "write it as --env NAME=VALUE" in bad_env.output
+    bad_topology = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", "-", stdin="{}")
+    assert bad_topology.exit_code == 2 and "is not a topology document" in bad_topology.output
+
+
+def test_serve_render_cpu_container_options() -> None:
+    result = invoke("serve", "render", "--recipe", "cpu-tiny", "--drafter-dir", "/models/draft-perturbed")
+    command = json.loads(result.stdout)
+    assert command["docker_args"] == ["--network", "host", "--shm-size", "1g"]
+    assert '"model":"/models/draft-perturbed"' in command["argv"][-1]
+
+
+def test_image_provide_refuses_an_unresolved_lock() -> None:
+    result = invoke("image", "provide", "--recipe", "pr620-fp8-tp2")
+    assert result.exit_code == 2
+    assert "run b70ctl lock resolve --recipe pr620-fp8-tp2" in result.output
+
+
+class _FakeImage:
+    def __init__(self, chunks: list[bytes], fail_after: int | None = None) -> None:
+        self.chunks, self.fail_after = chunks, fail_after
+
+    def save(self, named: bool = False):
+        for index, chunk in enumerate(self.chunks):
+            if self.fail_after is not None and index == self.fail_after:
+                raise OSError("engine went away")
+            yield chunk
+
+
+class _FakeClient:
+    def __init__(self, image: _FakeImage) -> None:
+        self.images = self
+        self.image = image
+        self.saves = 0
+
+    def get(self, image_id: str) -> _FakeImage:
+        self.saves += 1
+        return self.image
+
+
+def test_save_archive_names_by_id_is_atomic_and_done_once(tmp_path: Path) -> None:
+    image_id = "sha256:" + "b" * 64
+    broken = _FakeClient(_FakeImage([b"layer1", b"layer2"], fail_after=1))
+    with pytest.raises(OSError):
+        save_archive(broken, image_id, tmp_path, lambda line: None)
+    assert not (tmp_path / f"{'b' * 64}.tar").exists()  # an interrupted save leaves no archive that looks whole
+    client = _FakeClient(_FakeImage([b"layer1", b"layer2"]))
+    archive = save_archive(client, image_id, tmp_path, lambda line: None)
+    assert archive == tmp_path / f"{'b' * 64}.tar" and archive.read_bytes() == b"layer1layer2"
+    assert save_archive(client, image_id, tmp_path, lambda line: None) == archive and client.saves == 1
+
+
+def test_tiny_generator_runs_standalone_and_is_a_no_op_when_generated(tmp_path: Path) -> None:
+    """The model_store role runs tiny.py as a file (no b70ctl installed): with the spec already generated it must
+    answer without importing torch."""
+    from b70ctl.models import tiny
+
+    spec = tiny.TinySpec(seed=7)
+    for role in tiny.ROLES:
+        (tmp_path / "models" / role).mkdir(parents=True)
+        (tmp_path / "models" / role / "generator.json").write_text(json.dumps(
+            {"generator_version": tiny.GENERATOR_VERSION, "spec": spec.model_dump(), "role": role}))
+    (tmp_path / "spec.json").write_text(spec.model_dump_json())
+    result = subprocess.run([sys.executable, "-S", "-c", (
+        "import sys; sys.path[:0] = [p for p in sys.argv[1:] if p]; import runpy\n"
+        f"sys.argv = ['tiny.py', {str(tmp_path / 'models')!r}, '--spec', {str(tmp_path / 'spec.json')!r}]\n"
+        "try:\n    runpy.run_path(%r, run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, file=sys.stderr)" % tiny.__file__),
+        *[p for p in sys.path if "site-packages" in p]], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["changed"] is False
+    assert result.stderr.strip().splitlines()[-1] == "False"
