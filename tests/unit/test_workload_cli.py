@@ -170,3 +170,15 @@ def test_tiny_generator_runs_standalone_and_is_a_no_op_when_generated(tmp_path: 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1])["changed"] is False
     assert result.stderr.strip().splitlines()[-1] == "False"
+
+
+def test_container_affinity_mask_counts_the_cards_the_container_is_given(p2p_host) -> None:
+    """The serving container receives only the group's device nodes, which Level Zero numbers from 0: a group of
+    the host's third and fourth cards is "0,1" inside it, not the host's "2,3"."""
+    from b70ctl.host.model import TopologyDocument
+
+    _, topology_text = p2p_host
+    document = TopologyDocument.model_validate_json(topology_text)
+    assert document.serve_env()["ZE_AFFINITY_MASK"] == "0,1"
+    later_cards = document.model_copy(update={"group": [2, 3], "affinity_mask": "2,3"})
+    assert later_cards.serve_env()["ZE_AFFINITY_MASK"] == "0,1"

@@ -84,7 +84,9 @@ class TopologyDocument(_Model):
         """What the serve renderer adds for this host: the profile's oneCCL set and the device mask."""
         env = dict(CCL_PROFILES[self.profile]["env"])
         if self.affinity_mask:
-            env["ZE_AFFINITY_MASK"] = self.affinity_mask
+            # Inside the container Level Zero sees only the group's device nodes (group_devices), numbered from 0:
+            # the host's indices (affinity_mask, e.g. "2,3") would select cards the container does not have.
+            env["ZE_AFFINITY_MASK"] = ",".join(str(index) for index in range(len(self.group)))
         return env
 
 
