@@ -8,7 +8,7 @@ import json
 import pytest
 
 from aptrepo import DECOY_VERSION, role_packages
-from provision import FIXTURE_ROOT, Appliance, PlaybookRun, assert_recap, on, run_playbook
+from provision import FIXTURE_ROOT, Appliance, PlaybookRun, assert_recap, on, run_playbook, serving_pid
 
 # The first test also provisions the hosts (apt inside each): allow for a slow mirror or a busy machine.
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
@@ -94,11 +94,14 @@ def test_service_user_groups(host) -> None:
     assert {"render", "video", "docker"} <= set(user.groups)
 
 
-def test_second_run_changes_nothing(provisioned) -> None:
+def test_second_run_changes_nothing_keeps_serving_and_measures_nothing_new(provisioned) -> None:
     appliance, names, _ = provisioned
+    pids = {name: serving_pid(name) for name in names}
     second = run_playbook(appliance.work_dir / "provision.yml")
     assert second.returncode == 0, second.output[-4000:]
     assert_recap(second, names, changed=0, failed=0, unreachable=0)
+    assert second.output.count("already measured this serving configuration") == len(names)
+    assert {name: serving_pid(name) for name in names} == pids  # not restarted
 
 
 def test_check_mode_with_diff_reports_no_change(provisioned) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import REPO_ROOT, Appliance, HostUnderTest, PlaybookRun, assert_recap, on, run_playbook
+from provision import REPO_ROOT, Appliance, HostUnderTest, PlaybookRun, assert_recap, on, run_playbook, serving_pid
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "unit"))
 from store_fixtures import hub, hub_env, registry, write_recipe  # noqa: E402,F401 (fixtures)
@@ -44,10 +44,6 @@ def wait_until_serving(address: str, port: int, timeout_s: float = 600) -> None:
             return
         time.sleep(5)
     raise AssertionError(f"{address}:{port} did not answer /health within {timeout_s} s")
-
-
-def main_pid(host_name: str, unit: str) -> str:
-    return on(host_name).check_output(f"systemctl show --property=MainPID --value {unit}")
 
 
 @pytest.fixture(params=[1, 2], ids=["p2p-host", "no-p2p-host"])
@@ -119,28 +115,18 @@ def test_reports_collected_on_the_controller_with_host_facts(provisioned) -> Non
     assert "no-p2p" in (reports / "fleet" / "fleet.md").read_text()
 
 
-def test_second_run_keeps_serving_and_measures_nothing_new(provisioned) -> None:
-    appliance, names, _ = provisioned
-    pids = {name: main_pid(name, "b70-vllm") for name in names}
-    second = run_playbook(appliance.work_dir / "provision.yml")
-    assert second.returncode == 0, second.output[-4000:]
-    assert_recap(second, names, changed=0, failed=0, unreachable=0)
-    assert "already measured this serving configuration" in second.output
-    assert {name: main_pid(name, "b70-vllm") for name in names} == pids  # not restarted
-
-
 def test_image_digest_that_does_not_exist_fails_and_serving_stays(provisioned) -> None:
     appliance, _, _ = provisioned
     host = appliance.host(1)
     missing = "127.0.0.1:5999/b70/missing@sha256:" + "0" * 64
-    pid = main_pid(host.name, "b70-vllm")
+    pid = serving_pid(host.name)
     run = run_playbook(appliance.inventory("missing-digest", [host]), "-e", f"dspark_image_pull_reference={missing}",
                        "-e", "dspark_image_source=pull", playbook="playbooks/image.yml")
     assert run.returncode != 0
     assert_recap(run, [host.name], failed=1)
     assert f"cannot pull {missing} (digest sha256:{'0' * 64}" in run.output
     assert "dspark_image_source: build" in run.output and "b70ctl lock resolve" in run.output
-    assert main_pid(host.name, "b70-vllm") == pid and answers(host.address, 8000)
+    assert serving_pid(host.name) == pid and answers(host.address, 8000)
     assert json.loads(on(host.name).file("/etc/b70/image.json").content_string)["source"] == "build"
 
 
@@ -150,7 +136,7 @@ def test_drafter_of_another_model_is_refused_before_serving_changes(provisioned)
     remote = on(host.name)
     config = "/var/lib/b70/models/cpu-tiny/draft-perturbed/config.json"
     original = remote.file(config).content_string
-    pid = main_pid(host.name, "b70-vllm")
+    pid = serving_pid(host.name)
     foreign = json.loads(original) | {"vocab_size": 151936}
     remote.run(f"cp {config} {config}.orig && printf '%s' '{json.dumps(foreign)}' > {config}")
     try:
@@ -158,7 +144,7 @@ def test_drafter_of_another_model_is_refused_before_serving_changes(provisioned)
         assert run.returncode != 0
         assert_recap(run, [host.name], failed=1)
         assert "has vocab_size 151936, the target 1024: it is a drafter of another model" in run.output
-        assert main_pid(host.name, "b70-vllm") == pid and answers(host.address, 8000)
+        assert serving_pid(host.name) == pid and answers(host.address, 8000)
     finally:
         remote.run(f"mv {config}.orig {config}")
 
