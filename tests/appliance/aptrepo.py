@@ -9,6 +9,7 @@ use it as a file:/ repository marked trusted.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -77,6 +78,13 @@ def build_suite(repo: Path, suite: str, packages: list[PinnedPackage]) -> None:
 
 
 def build_repository(repo: Path, suites: dict[str, list[PinnedPackage]]) -> Path:
+    """Build once: a repository already built here is kept as it is, so copying it into a host that has it
+    changes nothing (a rebuilt .deb would differ in its timestamps). Built beside and renamed into place."""
+    if repo.is_dir():
+        return repo
+    partial = repo.with_name(repo.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
     for suite, packages in suites.items():
-        build_suite(repo, suite, packages)
+        build_suite(partial, suite, packages)
+    partial.rename(repo)
     return repo
