@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
@@ -19,7 +20,9 @@ from b70ctl.host.memory import (
 )
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe
-from sysfs_trees import build_tree
+from sysfs_trees import REPO, build_tree
+
+RECIPE_DIR = REPO / "control" / "b70ctl" / "recipes" / "data"
 
 GIB = 1024 ** 3
 
@@ -88,13 +91,54 @@ def test_unset_utilization_takes_the_vllm_default() -> None:
     assert fit.gpu_memory_utilization == 0.9
 
 
-def test_ram_below_the_recipe_minimum_fails_with_the_oom_reason() -> None:
-    fit = ram_fit(load_recipe("pr620-fp8-tp2"), 65_657_044 * 1024)
-    assert not fit.fits and fit.ram_gib == pytest.approx(62.62, abs=0.01)
-    assert fit.reason == ("host RAM 62.6 GiB < 96 GiB that recipe pr620-fp8-tp2 needs to load its target (64 GB "
-                          "hosts were OOM-killed loading 27B): add RAM or choose a smaller recipe")
-    assert ram_fit(load_recipe("pr620-fp8-tp2"), 128 * GIB).fits
-    assert not ram_fit(load_recipe("pr620-fp8-tp2"), None).fits
+# MemTotal as hosts with 64, 32 and 128 GB installed show it (GB as sold = GiB of DIMMs): 64 GB -> ~62.6 GiB.
+MEMTOTAL_64_GB_KIB = 65_657_044
+MEMTOTAL_32_GB_KIB = 32_803_380
+MEMTOTAL_128_GB_KIB = 131_842_412
+
+
+def test_a_64_gb_host_meets_a_64_gb_minimum() -> None:
+    fit = ram_fit(load_recipe("dspark-int4-tp1"), MEMTOTAL_64_GB_KIB * 1024)
+    assert fit.ram_gb_min == 64
+    assert fit.fits, fit.reason
+    assert fit.ram_gib == pytest.approx(62.62, abs=0.01)
+    # 64 GiB less the page array (1/64) and up to 5% firmware/kernel/crash-kernel reservation.
+    assert fit.memtotal_gib_min == pytest.approx(64 * (1 - 1 / 64 - 0.05))
+    assert fit.reason.startswith("host RAM: MemTotal 62.6 GiB >= 59.8 GiB, the least MemTotal of a host with 64 GB")
+
+
+def test_a_32_gb_host_fails_a_64_gb_minimum_naming_the_units() -> None:
+    fit = ram_fit(load_recipe("dspark-int4-tp1"), MEMTOTAL_32_GB_KIB * 1024)
+    assert not fit.fits
+    assert fit.reason.startswith("host RAM: MemTotal 31.3 GiB < 59.8 GiB, the least MemTotal of a host with 64 GB "
+                                 "installed (RAM is sold in GB of 2^30 bytes")
+    assert "recipe dspark-int4-tp1 needs 64 GB of RAM installed (estimate, not measured:" in fit.reason
+    assert fit.reason.endswith("add RAM or choose a smaller recipe")
+
+
+def test_the_fp8_tp2_minimum_and_its_source() -> None:
+    recipe = load_recipe("pr620-fp8-tp2")
+    assert not ram_fit(recipe, MEMTOTAL_64_GB_KIB * 1024).fits
+    assert ram_fit(recipe, MEMTOTAL_128_GB_KIB * 1024).fits
+    assert not ram_fit(recipe, None).fits
+    assert "BF16" in recipe.host.ram_gb_min_source and "not measured" in recipe.host.ram_gb_min_source
+
+
+@pytest.mark.parametrize("name", ["cpu-tiny", "dspark-int4-tp1", "pr620-fp8-tp2"])
+def test_every_shipped_minimum_names_its_source(name: str) -> None:
+    source = load_recipe(name).host.ram_gb_min_source
+    assert "FACTS.md" in source
+
+
+def test_a_recipe_in_gib_of_memtotal_is_refused(tmp_path: Path) -> None:
+    from b70ctl.errors import BadInput
+
+    data = yaml.safe_load((RECIPE_DIR / "dspark-int4-tp1.yaml").read_text())
+    data["host"]["ram_gib_min"] = data["host"].pop("ram_gb_min")
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(BadInput, match="ram_gb_min"):
+        load_recipe(str(path))
 
 
 # scenario -> recipe -> (fits, which parts fail)
@@ -102,7 +146,7 @@ HOST_FITS = {
     ("b70x2-switch", "pr620-fp8-tp2"): (True, []),
     ("b70x2-root-ports", "pr620-fp8-tp2"): (True, []),
     ("b70-igpu", "pr620-fp8-tp2"): (False, ["gpus", "ram"]),
-    ("b70-igpu", "dspark-int4-tp1"): (False, ["ram"]),  # 64 GB host: MemTotal 62.6 GiB < 64
+    ("b70-igpu", "dspark-int4-tp1"): (True, []),  # 64 GB host (MemTotal 62.6 GiB) meets a 64 GB minimum
     ("b70x4-two-switches", "pr620-fp8-tp2"): (True, []),
     ("b60x2-switch", "pr620-fp8-tp2"): (False, ["gpus"]),  # the recipe accepts 8086:e223 only
     ("xe-unbound", "pr620-fp8-tp2"): (False, ["gpus"]),

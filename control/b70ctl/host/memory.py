@@ -5,8 +5,13 @@ Per card, with tensor parallelism splitting the target and every card holding th
     VRAM x gpu_memory_utilization  >=  target weights / TP + drafter weights + runtime reserve + KV cache budget
 
 vLLM hands whatever is left after weights and profiling to the KV cache; when that is below what the served
-context needs it refuses to start, so the budget is checked before a multi-GB download. Host RAM is checked
-against the recipe's ram_gib_min: 64 GB hosts were OOM-killed while loading the 27B target (FACTS.md).
+context needs it refuses to start, so the budget is checked before a multi-GB download.
+
+Host RAM: recipes state the RAM a host must have installed in GB as memory is sold (a "64 GB" host has 64 GiB of
+DIMMs: memory vendors count 1 GB = 2^30 bytes, JEDEC). /proc/meminfo's MemTotal is always less than that: the
+kernel's page array (one 64-byte struct page per 4 KiB page, 1/64 of memory) and what firmware, the kernel image
+and a crash kernel reserve are never counted, so a 64 GB host shows about 62.6 GiB. A host meets an N GB minimum
+when MemTotal is at least what an N GB host shows: N GiB less the page array less RESERVED_FRACTION_MAX.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 RUNTIME_RESERVE_GIB = 1.0
 # Smallest KV cache worth serving with: below about 1 GiB a 27B hybrid model holds only a few thousand tokens.
 KV_CACHE_GIB_MIN = 1.0
+# x86-64: one 64-byte struct page per 4 KiB page, allocated before the kernel counts MemTotal.
+MEMMAP_FRACTION = 64 / 4096
+# Firmware reservations (ACPI, the memory below 1 MiB, holes around the PCI window), the kernel image and a crash
+# kernel (Ubuntu's kdump-tools reserve 512 MiB-1 GiB on 4-64 GiB hosts, 2 GiB above): at most 5% of installed RAM.
+RESERVED_FRACTION_MAX = 0.05
 
 
 class Fit(BaseModel):
@@ -47,8 +57,10 @@ class CardFit(Fit):
 
 
 class RamFit(Fit):
-    ram_gib: float | None
-    ram_gib_min: float
+    ram_gib: float | None = None  # MemTotal in GiB
+    ram_gb_min: float  # installed RAM the recipe needs, GB as sold
+    memtotal_gib_min: float  # the least MemTotal a host with ram_gb_min installed shows
+    ram_gb_min_source: str
 
 
 class GpuCountFit(Fit):
@@ -106,18 +118,27 @@ def card_fit(recipe: Recipe, vram_gib_per_gpu: float | None, vram_source: str = 
                    kv_cache_gib_available=available, kv_cache_gib_required=kv_cache_gib_required)
 
 
+def memtotal_gib_min(installed_gb: float) -> float:
+    """The least MemTotal (GiB) a host with `installed_gb` GB of RAM (as sold, 2^30 bytes each) shows."""
+    return installed_gb * (1 - MEMMAP_FRACTION - RESERVED_FRACTION_MAX)
+
+
 def ram_fit(recipe: Recipe, ram_total_bytes: int | None) -> RamFit:
-    minimum = recipe.host.ram_gib_min
+    """MemTotal (bytes) against the recipe's installed-RAM minimum, converted to what such a host shows."""
+    minimum_gb = recipe.host.ram_gb_min
+    floor_gib = memtotal_gib_min(minimum_gb)
+    common = dict(ram_gb_min=minimum_gb, memtotal_gib_min=floor_gib, ram_gb_min_source=recipe.host.ram_gb_min_source)
     if ram_total_bytes is None:
-        return RamFit(fits=False, reason="host RAM unknown (/proc/meminfo unreadable)", ram_gib=None,
-                      ram_gib_min=minimum)
+        return RamFit(fits=False, reason="host RAM unknown (/proc/meminfo unreadable)", ram_gib=None, **common)
     ram_gib = ram_total_bytes / GIB
-    if ram_gib >= minimum:
-        return RamFit(fits=True, reason=f"host RAM {ram_gib:.1f} GiB >= {minimum:.0f} GiB", ram_gib=ram_gib,
-                      ram_gib_min=minimum)
-    return RamFit(fits=False, ram_gib=ram_gib, ram_gib_min=minimum,
-                  reason=f"host RAM {ram_gib:.1f} GiB < {minimum:.0f} GiB that recipe {recipe.name} needs to load its "
-                         f"target (64 GB hosts were OOM-killed loading 27B): add RAM or choose a smaller recipe")
+    shown = f"host RAM: MemTotal {ram_gib:.1f} GiB"
+    needed = (f"{floor_gib:.1f} GiB, the least MemTotal of a host with {minimum_gb:g} GB installed (RAM is sold in "
+              f"GB of 2^30 bytes; the kernel and firmware keep up to {(MEMMAP_FRACTION + RESERVED_FRACTION_MAX):.1%})")
+    if ram_gib >= floor_gib:
+        return RamFit(fits=True, reason=f"{shown} >= {needed}", ram_gib=ram_gib, **common)
+    return RamFit(fits=False, ram_gib=ram_gib, **common,
+                  reason=f"{shown} < {needed}: recipe {recipe.name} needs {minimum_gb:g} GB of RAM installed "
+                         f"({recipe.host.ram_gb_min_source}): add RAM or choose a smaller recipe")
 
 
 def usable_gpus(recipe: Recipe, facts: dict[str, Any]) -> list[dict[str, Any]]:

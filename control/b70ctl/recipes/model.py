@@ -101,7 +101,9 @@ class HostRequirements(Strict):
     gpu_pci_ids: list[str] = Field(default_factory=list, description="Accepted vendor:device ids, e.g. 8086:e223")
     gpu_count: int = Field(0, ge=0)
     vram_gib_per_gpu: float = Field(0, ge=0)
-    ram_gib_min: float = Field(ge=0)
+    ram_gb_min: float = Field(ge=0, description="RAM the host must have installed, in GB as memory is sold "
+                              "(2^30 bytes); a host meets it when MemTotal is at least what such a host shows")
+    ram_gb_min_source: str = Field(min_length=1, description="Where the minimum comes from")
     disk_gib_min: float = Field(ge=0)
     kernel_min: str | None = None
 
