@@ -182,3 +182,20 @@ def test_container_affinity_mask_counts_the_cards_the_container_is_given(p2p_hos
     assert document.serve_env()["ZE_AFFINITY_MASK"] == "0,1"
     later_cards = document.model_copy(update={"group": [2, 3], "affinity_mask": "2,3"})
     assert later_cards.serve_env()["ZE_AFFINITY_MASK"] == "0,1"
+
+
+def test_serve_render_refuses_site_env_the_recipe_rules_reject(p2p_host) -> None:
+    """The recipe model's dspark rule (FACTS.md, route b: DSpark runs only on Model Runner V2) applies to a site's
+    --env as to the recipe file; route a runs with VLLM_USE_V2_MODEL_RUNNER=0 (FACTS.md, route a env)."""
+    _, topology_text = p2p_host
+    refused = invoke("serve", "render", "--recipe", "dspark-int4-tp1", "--topology", "-",
+                     "--env", "VLLM_USE_V2_MODEL_RUNNER=0", stdin=topology_text)
+    assert refused.exit_code == 2 and refused.stdout == ""
+    assert "dspark-int4-tp1" in refused.output and "Model Runner V2" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
+    allowed = invoke("serve", "render", "--recipe", "dspark-int4-tp1", "--topology", "-",
+                     "--env", "VLLM_USE_V2_MODEL_RUNNER=1", stdin=topology_text)
+    assert allowed.exit_code == 0 and json.loads(allowed.stdout)["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    route_a = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", "-",
+                     "--env", "VLLM_USE_V2_MODEL_RUNNER=0", stdin=topology_text)
+    assert route_a.exit_code == 0 and json.loads(route_a.stdout)["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "0"

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from b70ctl.errors import BadInput
 from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.recipes import load_recipe
+from b70ctl.recipes.model import Recipe
 from b70ctl.serve.render import ServeContext, render_container
 
 app = typer.Typer(no_args_is_help=True, help="The vLLM serve command, rendered from recipe and host facts.")
@@ -40,6 +41,20 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def _with_site_env(recipe: Recipe, env: dict[str, str]) -> Recipe:
+    """The recipe as it will run with a site's extra env: validated again by the recipe model, so its known-bad
+    rules (dspark without Model Runner V2, ...) refuse a site setting the same way they refuse a recipe file."""
+    if not env:
+        return recipe
+    serve = recipe.serve.model_dump() | {"env": {**recipe.serve.env, **env}}
+    try:
+        return Recipe.model_validate(recipe.model_dump() | {"serve": serve})
+    except ValidationError as error:
+        reason = error.errors()[0]["msg"].removeprefix("Value error, ")
+        names = ", ".join(f"--env {name}={value}" for name, value in env.items())
+        raise BadInput(f"recipe {recipe.name} with {names}: {reason} (drop it from vllm_serve_extra_env)") from error
+
+
 @app.command("render")
 def render(
     recipe: Annotated[str, typer.Option(help="Recipe name or recipe file")],
@@ -54,9 +69,10 @@ def render(
         help="Extra NAME=VALUE for the server's environment (a site's own setting; repeatable)")] = None,
 ) -> None:
     """Print {"argv", "env", "docker_args"} as JSON: the one rendering every consumer uses."""
-    loaded = load_recipe(recipe)
+    site_env = _env_pairs(env or [])
+    loaded = _with_site_env(load_recipe(recipe), site_env)
     context = ServeContext(model_dir=model_dir, drafter_dir=drafter_dir, host="0.0.0.0", port=port,
-                           speculative=not baseline, extra_env=_env_pairs(env or []))
+                           speculative=not baseline, extra_env=site_env)
     document = _topology(topology) if topology is not None else None
     try:
         command = render_container(loaded, context, document)
