@@ -13,6 +13,7 @@ from rich.console import Console
 from b70ctl.errors import BadInput
 from b70ctl.lock.check import check_installed
 from b70ctl.lock.model import appliance_hash, load_recipe_and_lock
+from b70ctl.lock.registry import DIGEST_PATTERN
 from b70ctl.lock.resolve import resolve_and_write
 
 app = typer.Typer(no_args_is_help=True, help="The lock: what each recipe resolves to, pinned.")
@@ -84,6 +85,10 @@ def check_command(
         "--image-base-digest", help="Base digest label of the installed image (built images)")] = None,
 ) -> None:
     """Compare what is installed with the lock; print the drift as JSON. Exit 1 on drift."""
+    for option, digest in (("--image-digest", image_digest), ("--image-base-digest", image_base_digest)):
+        if digest is not None and not DIGEST_PATTERN.match(digest):
+            raise BadInput(f"{option} {digest!r} is not a sha256 digest (sha256: and 64 hex digits): give the "
+                           "digest docker image inspect prints")
     loaded, locked, _ = load_recipe_and_lock(recipe, lock)
     dirs: dict[str, Path] = {}
     if models_dir is not None:

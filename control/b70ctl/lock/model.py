@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from b70ctl.errors import BadInput
 from b70ctl.recipes import Recipe, load_recipe, recipe_path
@@ -27,6 +27,23 @@ SHA256_HEX = r"^[0-9a-f]{64}$"
 GIT_REVISION = r"^[0-9a-f]{40}$"
 OCI_DIGEST = r"^sha256:[0-9a-f]{64}$"
 LOCK_SUFFIX = ".lock.json"
+
+
+# Directories b70ctl and huggingface_hub keep beside a model's files: a pinned file never lives there.
+RESERVED_DIRECTORIES = (".b70ctl", ".quarantine", ".cache")
+
+
+def plain_relative_path(path: str) -> str:
+    """`path` when it is a plain '/'-separated relative path that stays inside its root; else ValueError.
+    Paths come from locks and hub answers, which a tampered file or a hostile mirror controls: no '..', '.' or
+    empty part, not absolute, no backslash or control character, not under a state directory."""
+    parts = path.split("/")
+    if (not path or path.startswith("/") or "\\" in path
+            or any(ord(character) < 32 or ord(character) == 127 for character in path)
+            or any(part in ("", ".", "..") for part in parts) or parts[0] in RESERVED_DIRECTORIES):
+        raise ValueError(f"{path!r} is not a plain relative path inside the model directory: the lock or the hub "
+                         "answer was tampered with; re-resolve the lock from a trusted hub")
+    return path
 
 
 class Strict(BaseModel):
@@ -39,6 +56,11 @@ class FilePin(Strict):
     path: str = Field(description="Relative to the model (or patch) directory, '/'-separated")
     sha256: str = Field(pattern=SHA256_HEX)
     size_bytes: int = Field(ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _plain(cls, path: str) -> str:
+        return plain_relative_path(path)
 
 
 class GeneratedModelPin(Strict):
@@ -174,9 +196,15 @@ def lock_path_for(name_or_path: str) -> Path:
 
 def load_lock_file(path: Path) -> Lock:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as error:
         raise BadInput(f"lock file {path} does not exist: run b70ctl lock resolve for its recipe") from error
+    except IsADirectoryError as error:
+        raise BadInput(f"lock file {path} is a directory: give the lock's JSON file") from error
+    except UnicodeDecodeError as error:
+        raise BadInput(f"lock file {path}: not UTF-8 text (byte {error.start}): restore it or re-resolve") from error
+    except OSError as error:
+        raise BadInput(f"lock file {path}: {error.strerror}: give a readable lock file") from error
     except json.JSONDecodeError as error:
         raise BadInput(f"lock file {path}: not valid JSON (line {error.lineno}): restore it or re-resolve") from error
     try:

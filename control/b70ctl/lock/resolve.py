@@ -27,6 +27,7 @@ from b70ctl.lock.model import (
     build_lock,
     load_lock_file,
     lock_path_for,
+    plain_relative_path,
     stale_inputs,
     write_lock,
     appliance_hash,
@@ -123,6 +124,11 @@ def hub_pin(role: str, spec: ModelSpec, endpoint: str | None = None) -> ModelPin
                 if any(fnmatch.fnmatch(s.rfilename, pattern) for pattern in spec.include)]
     if not siblings:
         raise BadInput(f"{spec.repo}@{revision} has no file matching {spec.include}: fix the recipe's include")
+    for sibling in siblings:
+        try:
+            plain_relative_path(sibling.rfilename)
+        except ValueError as error:
+            raise BadInput(f"hub {endpoint} lists {spec.repo}@{revision} file {error}") from error
     files: list[FilePin] = []
     with tempfile.TemporaryDirectory(prefix="b70ctl-resolve-") as scratch:
         for sibling in sorted(siblings, key=lambda s: s.rfilename):

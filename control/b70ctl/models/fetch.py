@@ -144,9 +144,17 @@ def _still_verified(path: Path, pin: FilePin, recorded: dict[str, Any] | None) -
     return recorded == _stamp(path, pin) and pin.size_bytes == recorded["size_bytes"]
 
 
+def inside(root: Path, path: Path, label: str) -> Path:
+    """`path` when it stays inside `root` once links are followed; a lock's paths are checked to be plain, but a
+    symbolic link already in DEST (or put there by someone else) could still lead a write elsewhere."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise BadInput(f"{label}: {path} leads outside {root} (through a symbolic link): remove the link and re-run")
+    return path
+
+
 def quarantine(dest: Path, role: str, relative: str, bad_file: Path, actual_sha256: str) -> Path:
     """Move bad bytes aside (never delete: they are evidence) under a name that says what they hashed to."""
-    target = dest / QUARANTINE_DIR / role / f"{relative}.{actual_sha256[:12]}"
+    target = inside(dest, dest / QUARANTINE_DIR / role / f"{relative}.{actual_sha256[:12]}", f"{role}/{relative}")
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(bad_file, target)
     return target
@@ -236,7 +244,8 @@ def fetch_model(pin: ModelPin, dest: Path, source: Source, source_dir: Path | No
     recorded: dict[str, Any] = state.setdefault("files", {})
     outcomes: list[FileOutcome] = []
     for file_pin in pin.files:
-        final = model_dir / file_pin.path
+        label = f"{pin.role}/{file_pin.path}"
+        final = inside(dest, model_dir / file_pin.path, label)
         if _still_verified(final, file_pin, recorded.get(file_pin.path)):
             outcomes.append(FileOutcome(path=file_pin.path, action="kept", size_bytes=file_pin.size_bytes))
             continue
@@ -251,7 +260,7 @@ def fetch_model(pin: ModelPin, dest: Path, source: Source, source_dir: Path | No
             failures.append(Failure(role=pin.role, path=file_pin.path, quarantined_at=str(where),
                                     reason=f"installed file had sha256 {actual}, lock says {file_pin.sha256}; "
                                            "replaced"))
-        partial = dest / STATE_DIR / "partial" / pin.role / (file_pin.path + ".part")
+        partial = inside(dest, dest / STATE_DIR / "partial" / pin.role / (file_pin.path + ".part"), label)
         if source == "hub":
             action: str = _download(pin, file_pin, partial, endpoint)
         else:
