@@ -1,0 +1,106 @@
+"""`b70ctl diagnose`: read logs (files, a local unit, a remote host over SSH), name each known failure with its
+evidence and fix. Exit 0 nothing known matched, 1 a known failure was found, 2 bad input or unreachable."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from b70ctl.diagnose.catalogue import load_catalogue
+from b70ctl.diagnose.collect import collect_unit, local_runner, read_log, ssh_runner
+from b70ctl.diagnose.match import diagnose_lines
+from b70ctl.diagnose.model import Diagnosis, LogLine
+from b70ctl.errors import BadInput
+
+DEFAULT_UNIT = "b70-vllm"
+
+
+def run_diagnosis(logs: list[str], unit: str | None, ssh: str | None, topology: Path | None) -> Diagnosis:
+    if not logs and unit is None and ssh is None:
+        raise BadInput("nothing to read: give --log FILE (or - for stdin), --unit NAME or --ssh HOST")
+    if ssh is not None and logs:
+        raise BadInput("--ssh reads the remote unit's journal; --log files are local: give one or the other")
+    lines: list[LogLine] = []
+    names: list[str] = []
+    for path in logs:
+        lines += read_log(path)
+        names.append("stdin" if path == "-" else path)
+    if ssh is not None:
+        run, close = ssh_runner(ssh)
+        try:
+            found, read = collect_unit(run, unit or DEFAULT_UNIT, where=ssh)
+        finally:
+            close()
+        lines += found
+        names += read
+    elif unit is not None:
+        found, read = collect_unit(local_runner, unit)
+        lines += found
+        names += read
+    profile = profile_source = None
+    if topology is not None:
+        from b70ctl.host.model import load_topology
+
+        document = load_topology(topology)
+        profile, profile_source = document.profile, document.profile_source
+        if document.auto_profile != document.profile:
+            profile_source = f"override (the topology alone gives {document.auto_profile})"
+    return diagnose_lines(load_catalogue(), lines, names, profile=profile, profile_source=profile_source,
+                          auto_profile=document.auto_profile if topology is not None else None)
+
+
+def render(diagnosis: Diagnosis, out: Console) -> None:
+    for match in diagnosis.failures:
+        out.print(f"[bold red]FAILURE[/] [bold]{match.id}[/]: {escape(match.title)}")
+        for line in match.evidence:
+            out.print(f"  {escape(line.log)}:{line.number}: {escape(line.text.strip()[:400])}", highlight=False)
+        if match.evidence_count > len(match.evidence):
+            out.print(f"  ... {match.evidence_count - len(match.evidence)} more matching line(s)")
+        out.print(f"  meaning: {escape(match.meaning)}", highlight=False)
+        out.print(f"  [bold green]fix:[/] {escape(match.fix.text)}", highlight=False)
+        if match.fix.profile:
+            out.print(f"    oneCCL profile: {match.fix.profile}", highlight=False)
+        for name, value in match.fix.env.items():
+            out.print(f"    env {name}={value}", highlight=False)
+        if match.fix.command:
+            out.print(f"    command: {escape(match.fix.command)}", highlight=False)
+        out.print(f"  source: {escape('; '.join(source.ref for source in match.sources))}", highlight=False)
+    for contradiction in diagnosis.contradictions:
+        out.print(f"[bold red]CONTRADICTION[/] {escape(contradiction.text)}", highlight=False)
+    for match in diagnosis.harmless:
+        out.print(f"[dim]harmless[/] {match.id}: {escape(match.title)} ({match.evidence_count} line(s)): "
+                  f"{escape(match.meaning)}", highlight=False)
+    count = len(diagnosis.failures)
+    out.print(f"{count} known failure(s)" + (f", {len(diagnosis.contradictions)} contradiction(s)"
+                                             if diagnosis.contradictions else "")
+              + f" in {diagnosis.lines_read} line(s) of {', '.join(diagnosis.logs) or 'nothing'}"
+              if count or diagnosis.contradictions else
+              f"no known failure in {diagnosis.lines_read} line(s) of {', '.join(diagnosis.logs)}", highlight=False)
+
+
+def diagnose_command(
+    log: Annotated[list[str] | None, typer.Option(
+        "--log", help="A serve or kernel log, or a verify report.json; - reads stdin (repeatable)")] = None,
+    unit: Annotated[str | None, typer.Option(
+        help=f"systemd unit whose journal to read, with the kernel log around it (with --ssh: default {DEFAULT_UNIT})")
+    ] = None,
+    ssh: Annotated[str | None, typer.Option(
+        help="Read the unit's journal on this host over SSH (honours ~/.ssh/config and the agent)")] = None,
+    topology: Annotated[Path | None, typer.Option(
+        help="The host's topology.json: say when its oneCCL profile contradicts what the logs show")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON")] = False,
+) -> None:
+    """Name each known failure in serve logs, kernel logs or a verify report, with the evidence and the fix.
+
+    Exit 0 when nothing known matched, 1 when a known failure was found, 2 on bad input or an unreachable host."""
+    diagnosis = run_diagnosis(list(log or []), unit, ssh, topology)
+    if as_json:
+        sys.stdout.write(diagnosis.model_dump_json(indent=2) + "\n")
+    else:
+        render(diagnosis, Console(soft_wrap=True))
+    raise typer.Exit(1 if diagnosis.found_failure else 0)

@@ -1,0 +1,241 @@
+"""Collect the lines a diagnosis reads: log files (or stdin), a local unit's journal with the kernel log around it,
+the same from a remote host over SSH (paramiko), and the findings of a verify report.
+
+The journal commands are built by pure functions, so the local and the SSH path run the same argv.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from b70ctl.diagnose.model import LogKind, LogLine
+from b70ctl.errors import BadInput
+
+UNIT_LOG_LINES = 3000
+KERNEL_LOG_LINES = 2000
+# The kernel log is read from a little before the unit's first line to a little after its last one.
+KERNEL_WINDOW_MARGIN = timedelta(minutes=5)
+SSH_TIMEOUT_S = 15.0
+
+# (exit code, stdout, stderr) of one command, locally or on a remote host.
+Runner = Callable[[list[str]], tuple[int, str, str]]
+
+_UNIT_NAME = re.compile(r"^[A-Za-z0-9@._:\\-]+$")
+# Kernel lines inside a mixed file: journal/syslog ("host kernel: ...") or dmesg ("[  12.345678] ...").
+_KERNEL_LINE = re.compile(r"^\S+(\s+\S+){0,3}\s+kernel: |^\[\s*\d+\.\d+\] ")
+_ISO_PREFIX = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2}))\s")
+
+
+def classify(text: str) -> LogKind:
+    return "kernel" if _KERNEL_LINE.search(text) else "serve"
+
+
+def lines_from_text(text: str, log: str, kind: LogKind | None = None) -> list[LogLine]:
+    """Each line of a log; kind None means per line (a file may hold both vLLM and kernel lines)."""
+    return [LogLine(log=log, kind=kind or classify(line), number=number, text=line)
+            for number, line in enumerate(text.splitlines(), start=1)]
+
+
+# ---------------------------------------------------------------- verify reports
+
+def report_lines(report: dict, log: str) -> list[LogLine]:
+    """The findings of a verify report.json, one line each, in the form the catalogue's `verify` patterns read."""
+    found: list[str] = []
+    correctness = report.get("correctness") or {}
+    if correctness:
+        found.append(f"verify correctness: identical {correctness.get('identical')}/{correctness.get('total')} "
+                     f"(passed={correctness.get('passed')})")
+        for garbage in correctness.get("garbage") or []:
+            found.append(f"verify correctness: garbage kind={garbage.get('kind')} prompt={garbage.get('prompt')!r}: "
+                         f"{garbage.get('detail')}")
+    for check in (report.get("smoke") or {}).get("checks") or []:
+        if not check.get("passed"):
+            found.append(f"verify smoke: {check.get('name')} failed: {check.get('reason')}")
+    for workload in (report.get("throughput") or {}).get("workloads") or []:
+        if workload.get("error"):
+            found.append(f"verify throughput {workload.get('name')}: error {workload.get('error')}")
+    if report.get("partial"):
+        found.append(f"verify partial: {report.get('partial_reason')}")
+    return [LogLine(log=log, kind="verify", number=number, text=text) for number, text in enumerate(found, 1)]
+
+
+def _as_report(text: str) -> dict | None:
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(data, dict) and "recipe" in data and ("correctness" in data or "smoke" in data):
+        return data
+    return None
+
+
+def read_log(path: str) -> list[LogLine]:
+    """A log file, `-` for stdin, or a verify report.json (recognised by its content)."""
+    if path == "-":
+        text, name = sys.stdin.read(), "stdin"
+    else:
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError as error:
+            raise BadInput(f"--log {path}: {error.strerror}: give a readable log file (or - for stdin)") from error
+        name = path
+    report = _as_report(text)
+    return report_lines(report, name) if report is not None else lines_from_text(text, name)
+
+
+# ---------------------------------------------------------------- journal commands
+
+def check_unit_name(unit: str) -> str:
+    if not _UNIT_NAME.match(unit):
+        raise BadInput(f"--unit {unit!r}: not a systemd unit name (letters, digits, @ . _ : -)")
+    return unit
+
+
+def unit_log_argv(unit: str, lines: int = UNIT_LOG_LINES) -> list[str]:
+    return ["journalctl", "--unit", check_unit_name(unit), "--no-pager", "--output", "short-iso",
+            "--lines", str(lines)]
+
+
+def _journal_time(stamp: str) -> datetime | None:
+    stamp = stamp.replace(",", ".")
+    if stamp.endswith("Z"):
+        stamp = stamp[:-1] + "+00:00"
+    elif re.search(r"[+-]\d{4}$", stamp):
+        stamp = stamp[:-2] + ":" + stamp[-2:]
+    try:
+        return datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+
+
+def log_window(unit_text: str) -> tuple[datetime, datetime] | None:
+    """First and last time stamp of a journal read with --output short-iso, or None when it has none."""
+    stamps = [stamp for line in unit_text.splitlines()
+              if (found := _ISO_PREFIX.match(line)) and (stamp := _journal_time(found.group(1))) is not None]
+    return (stamps[0], stamps[-1]) if stamps else None
+
+
+def kernel_log_argv(window: tuple[datetime, datetime] | None, lines: int = KERNEL_LOG_LINES) -> list[str]:
+    """journalctl -k around the unit's log (UTC, so the remote host's time zone does not matter); without a
+    window, the kernel log's last lines."""
+    argv = ["journalctl", "-k", "--no-pager", "--output", "short-iso"]
+    if window is None:
+        return argv + ["--lines", str(lines)]
+    start = window[0].astimezone(timezone.utc) - KERNEL_WINDOW_MARGIN
+    end = window[1].astimezone(timezone.utc) + KERNEL_WINDOW_MARGIN
+    return argv + ["--since", start.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                   "--until", end.strftime("%Y-%m-%d %H:%M:%S UTC"), "--lines", str(lines)]
+
+
+def collect_unit(run: Runner, unit: str, where: str = "") -> tuple[list[LogLine], list[str]]:
+    """The unit's journal and the kernel log around it, through `run` (local or SSH). Returns lines and names."""
+    label = f"{where}:{unit}" if where else unit
+    code, unit_text, error = run(unit_log_argv(unit))
+    if code != 0:
+        raise BadInput(f"journalctl --unit {unit}{' on ' + where if where else ''} failed (exit {code}): "
+                       f"{_first_line(error) or 'no output'}: check the unit name and that you may read the journal")
+    code, kernel_text, error = run(kernel_log_argv(log_window(unit_text)))
+    kernel_label = f"{where}:kernel" if where else "kernel"
+    lines = lines_from_text(unit_text, label, "serve")
+    if code == 0:
+        lines += lines_from_text(kernel_text, kernel_label, "kernel")
+        return lines, [label, kernel_label]
+    # The unit's own log is the evidence that matters; an unreadable kernel log (no permission) is noted, not fatal.
+    return lines, [label, f"{kernel_label} (unreadable: {_first_line(error) or f'exit {code}'})"]
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def local_runner(argv: list[str]) -> tuple[int, str, str]:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=120, check=False)
+    except FileNotFoundError as error:
+        raise BadInput(f"{argv[0]}: not found on this machine: diagnose --unit needs systemd's journalctl "
+                       f"(or give the log with --log)") from error
+    except subprocess.TimeoutExpired as error:
+        raise BadInput(f"{shlex.join(argv)}: no answer in 120 s") from error
+    return done.returncode, done.stdout, done.stderr
+
+
+# ---------------------------------------------------------------- SSH (paramiko)
+
+def ssh_settings(host: str, config_path: Path | None = None) -> dict:
+    """What ~/.ssh/config says for HOST: hostname, port, user, identity files, proxy command, host key policy."""
+    import paramiko
+
+    path = config_path or Path.home() / ".ssh" / "config"
+    looked_up: dict = {"hostname": host}
+    if path.is_file():
+        try:
+            looked_up = dict(paramiko.SSHConfig.from_path(str(path)).lookup(host))
+        except (OSError, paramiko.SSHException, ValueError) as error:
+            raise BadInput(f"{path}: unreadable SSH config ({error}): fix it or move it aside") from error
+    try:
+        port = int(looked_up.get("port", 22))
+    except ValueError as error:
+        raise BadInput(f"{path}: Port {looked_up.get('port')!r} for {host} is not a number") from error
+    return {
+        "hostname": looked_up.get("hostname", host),
+        "port": port,
+        "username": looked_up.get("user"),
+        "key_filename": looked_up.get("identityfile"),
+        "proxycommand": looked_up.get("proxycommand"),
+        "strict_host_key_checking": str(looked_up.get("stricthostkeychecking", "yes")).lower(),
+    }
+
+
+def ssh_runner(host: str, config_path: Path | None = None, timeout_s: float = SSH_TIMEOUT_S):
+    """Connect once (honouring ~/.ssh/config and the SSH agent) and return (runner, close)."""
+    import paramiko
+
+    settings = ssh_settings(host, config_path)
+    client = paramiko.SSHClient()
+    client.load_system_host_keys()
+    known_hosts = Path.home() / ".ssh" / "known_hosts"
+    if known_hosts.is_file():
+        client.load_host_keys(str(known_hosts))
+    # An unknown host key is refused unless the user's SSH config says otherwise, like ssh itself.
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if settings["strict_host_key_checking"] in
+                                       ("no", "off", "accept-new") else paramiko.RejectPolicy())
+    sock = paramiko.ProxyCommand(settings["proxycommand"]) if settings["proxycommand"] else None
+    target = f"{settings['hostname']}:{settings['port']}"
+    try:
+        client.connect(settings["hostname"], port=settings["port"], username=settings["username"],
+                       key_filename=settings["key_filename"], allow_agent=True, look_for_keys=True,
+                       timeout=timeout_s, banner_timeout=timeout_s, auth_timeout=timeout_s, sock=sock)
+    except paramiko.AuthenticationException as error:
+        agent_keys = len(paramiko.Agent().get_keys())
+        client.close()
+        raise BadInput(f"ssh {host} ({target}): authentication failed ({error}; {agent_keys} key(s) in the SSH "
+                       f"agent): add your key to the agent or set IdentityFile in ~/.ssh/config") from error
+    except paramiko.SSHException as error:
+        client.close()
+        raise BadInput(f"ssh {host} ({target}): {error}: connect once with ssh to check the host key") from error
+    except (socket.gaierror, socket.timeout, OSError) as error:
+        client.close()
+        reason = getattr(error, "strerror", None) or str(error) or error.__class__.__name__
+        raise BadInput(f"ssh {host} ({target}): unreachable ({reason}): check the name, the port and that sshd "
+                       f"runs") from error
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        try:
+            _, stdout, stderr = client.exec_command(shlex.join(argv), timeout=120)
+            out = stdout.read().decode(errors="replace")
+            err = stderr.read().decode(errors="replace")
+            return stdout.channel.recv_exit_status(), out, err
+        except (paramiko.SSHException, OSError) as error:
+            raise BadInput(f"ssh {host}: {shlex.join(argv)} failed: {error}") from error
+
+    return run, client.close

@@ -1,0 +1,71 @@
+"""Match collected log lines against the catalogue. Pure: lines in, a Diagnosis out."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from b70ctl.diagnose.model import Catalogue, Contradiction, Diagnosis, LogLine, Match, Pattern, Signature
+
+EVIDENCE_LINES = 5
+# Lines longer than this are cut before matching: a log can hold a megabyte-long line (a tensor dump).
+MAX_LINE_CHARS = 4000
+
+
+def _compiled(patterns: Sequence[Pattern]) -> list[tuple[re.Pattern[str], frozenset[str]]]:
+    return [(re.compile(pattern.regex), frozenset(pattern.kinds)) for pattern in patterns]
+
+
+def _matches(line: LogLine, compiled: list[tuple[re.Pattern[str], frozenset[str]]]) -> bool:
+    text = line.text[:MAX_LINE_CHARS]
+    return any(line.kind in kinds and regex.search(text) for regex, kinds in compiled)
+
+
+def match_signature(signature: Signature, lines: Sequence[LogLine]) -> Match | None:
+    compiled = _compiled(signature.patterns)
+    evidence = [line for line in lines if _matches(line, compiled)]
+    if not evidence:
+        return None
+    for required in signature.requires:
+        if not any(_matches(line, _compiled([required])) for line in lines):
+            return None
+    return Match(id=signature.id, title=signature.title, severity=signature.severity, meaning=signature.meaning,
+                 fix=signature.fix, sources=signature.sources, applies_to=signature.applies_to,
+                 evidence=evidence[:EVIDENCE_LINES], evidence_count=len(evidence))
+
+
+def contradictions(catalogue: Catalogue, matches: Iterable[Match], profile: str | None,
+                   profile_source: str | None, auto_profile: str | None = None) -> list[Contradiction]:
+    """Where the running oneCCL profile contradicts the catalogue: a matched failure whose entry says the profile
+    is wrong (the no-P2P IPC failure under `p2p`), or a profile forced against what the topology itself gives
+    (`p2p` on a host whose pairs have no P2P), even before it failed."""
+    if profile is None:
+        return []
+    matched = {match.id for match in matches}
+    found = []
+    for signature in catalogue.signatures:
+        if signature.contradicts_profile != profile:
+            continue
+        if signature.id in matched:
+            why = f"the logs show {signature.id}"
+        elif auto_profile is not None and auto_profile != profile and signature.fix.profile == auto_profile:
+            why = f"the topology gives {auto_profile} and {signature.id} is what {profile} leads to there"
+        else:
+            continue
+        found.append(Contradiction(
+            signature=signature.id, profile=profile, profile_source=profile_source or "unknown",
+            text=(f"the host serves with the {profile} oneCCL profile ({profile_source or 'unknown source'}), but "
+                  f"{why}: use profile {signature.fix.profile} (b70ctl host topology --write"
+                  f"{' --profile ' + signature.fix.profile if signature.fix.profile else ''}, and drop any profile "
+                  f"override)")))
+    return found
+
+
+def diagnose_lines(catalogue: Catalogue, lines: Sequence[LogLine], logs: Sequence[str],
+                   profile: str | None = None, profile_source: str | None = None,
+                   auto_profile: str | None = None) -> Diagnosis:
+    matches = [found for signature in catalogue.signatures if (found := match_signature(signature, lines))]
+    failures = [m for m in matches if m.severity == "failure"]
+    return Diagnosis(logs=list(logs), lines_read=len(lines), failures=failures,
+                     harmless=[m for m in matches if m.severity == "harmless"],
+                     contradictions=contradictions(catalogue, failures, profile, profile_source, auto_profile))

@@ -1,0 +1,135 @@
+"""The signature catalogue (catalogue.yaml) as typed models, and what a diagnosis returns.
+
+A signature names one known failure (or one harmless warning that looks like a failure): the regexes that find
+it in a serve log, the kernel log or a verify report, what it means, the fix, where the knowledge came from and
+which vLLM / image versions it applies to. The catalogue is data; this module only says what a valid entry is.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+CATALOGUE_SCHEMA_VERSION = 1
+
+# Where a line comes from. `verify` lines are the findings of a verify report, rendered by report_lines().
+LogKind = Literal["serve", "kernel", "verify"]
+Severity = Literal["failure", "harmless"]
+SourceKind = Literal["seed", "facts", "issue", "capture"]
+FixKind = Literal["env", "profile", "recipe", "command", "image", "host", "none"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Pattern(_Model):
+    regex: str = Field(description="Python regular expression searched in each line")
+    kinds: list[LogKind] = Field(min_length=1, description="The logs this pattern is looked for in")
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as error:
+            raise ValueError(f"not a regular expression: {error}") from error
+        return value
+
+
+class Fix(_Model):
+    kind: FixKind
+    text: str = Field(min_length=1, description="What to do, in one or two sentences")
+    command: str | None = Field(None, description="A command that applies or checks the fix")
+    env: dict[str, str] = Field(default_factory=dict, description="Variables to set in the serve environment")
+    profile: Literal["p2p", "no-p2p"] | None = Field(None, description="The oneCCL profile to force")
+
+
+class Source(_Model):
+    kind: SourceKind
+    ref: str = Field(min_length=1, description="seed file, FACTS.md section, issue URL or fixture name")
+    quote: str | None = Field(None, description="The outside text the patterns were written from")
+
+
+class AppliesTo(_Model):
+    vllm: str = Field("*", description="PEP 440 specifier of the vLLM versions, or * for any")
+    images: list[str] = Field(default_factory=list, description="Images or builds it was reported on")
+
+
+class Signature(_Model):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    title: str
+    severity: Severity
+    patterns: list[Pattern] = Field(min_length=1)
+    # Each of these must also match some line read, anywhere, for the signature to be reported.
+    requires: list[Pattern] = Field(default_factory=list)
+    meaning: str
+    fix: Fix
+    sources: list[Source] = Field(min_length=1)
+    applies_to: AppliesTo = Field(default_factory=AppliesTo)
+    # A profile this failure contradicts: a topology forcing it is named in the diagnosis.
+    contradicts_profile: Literal["p2p", "no-p2p"] | None = None
+
+    @model_validator(mode="after")
+    def _harmless_has_no_fix(self) -> Signature:
+        if self.severity == "harmless" and self.fix.kind != "none":
+            raise ValueError(f"{self.id}: a harmless entry's fix kind must be none")
+        if self.severity == "failure" and self.fix.kind == "none":
+            raise ValueError(f"{self.id}: a failure needs a fix")
+        return self
+
+
+class Catalogue(_Model):
+    schema_version: Literal[1] = CATALOGUE_SCHEMA_VERSION
+    signatures: list[Signature] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Catalogue:
+        seen: set[str] = set()
+        for signature in self.signatures:
+            if signature.id in seen:
+                raise ValueError(f"duplicate signature id {signature.id}")
+            seen.add(signature.id)
+        return self
+
+
+class LogLine(_Model):
+    """One line of collected text: which log it came from and where."""
+
+    log: str = Field(description="File name, unit or host:unit the line was read from")
+    kind: LogKind
+    number: int = Field(description="1-based line number in that log")
+    text: str
+
+
+class Match(_Model):
+    id: str
+    title: str
+    severity: Severity
+    meaning: str
+    fix: Fix
+    sources: list[Source]
+    applies_to: AppliesTo
+    evidence: list[LogLine] = Field(description="The first lines that matched (at most a few per signature)")
+    evidence_count: int = Field(description="How many lines matched in all")
+
+
+class Contradiction(_Model):
+    signature: str
+    profile: str
+    profile_source: str
+    text: str
+
+
+class Diagnosis(_Model):
+    logs: list[str] = Field(description="What was read")
+    lines_read: int
+    failures: list[Match]
+    harmless: list[Match]
+    contradictions: list[Contradiction] = Field(default_factory=list)
+
+    @property
+    def found_failure(self) -> bool:
+        return bool(self.failures or self.contradictions)
