@@ -19,6 +19,9 @@ qwen3_dflash.py, config/speculative.py, v1/worker/gpu/spec_decode/utils.py and e
   from, target_layer_ids (non-empty, unique, increasing, inside the target's layers), mask_token_id (inside the
   vocabulary), block_size, markov_rank, the confidence flags, vocab_size equal to the target's, draft_vocab_size,
   and the hidden size the drafter reads from the target.
+- the target's sizes (vocab_size, num_hidden_layers, hidden_size) are read from its text config, as vLLM does
+  (transformers_utils/config.py get_hf_text_config -> PreTrainedConfig.get_text_config): a composite config such
+  as Qwen3.5's (Qwen3_5ForConditionalGeneration) keeps them under text_config, a plain Qwen3 config at the top.
 
 Weights are hard links to the source (same bytes, O(1) whatever the model's size, never a copy); config.json is
 rewritten and b70ctl-provenance.json records the source revision, every file's sha256 and each change made.
@@ -54,9 +57,16 @@ QWEN3_DECODER_INTS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
 def _read_config(directory: Path, what: str) -> dict[str, Any]:
     path = directory / "config.json"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as error:
         raise BadInput(f"{what} {directory} has no config.json: point at a model directory") from error
+    except IsADirectoryError as error:
+        raise BadInput(f"{what} {path} is a directory, not a file: restore the model's config.json") from error
+    except UnicodeDecodeError as error:
+        raise BadInput(f"{what} {path}: not UTF-8 text (byte {error.start}): restore the model's config.json") \
+            from error
+    except OSError as error:
+        raise BadInput(f"{what} {path}: {error.strerror}") from error
     except json.JSONDecodeError as error:
         raise BadInput(f"{what} {path}: not valid JSON (line {error.lineno})") from error
     if not isinstance(data, dict):
@@ -119,8 +129,33 @@ def _layer_ids(config: dict[str, Any]) -> Any:
     return dflash.get("target_layer_ids", config.get("target_layer_ids"))
 
 
+# PreTrainedConfig.get_text_config() (transformers 5.x) looks for these sub-configs, in this order, when neither
+# encoder nor decoder is asked for, which is how vLLM's get_hf_text_config calls it.
+TEXT_CONFIG_NAMES = ("text_encoder", "decoder", "generator", "text_config")
+
+
+def target_text_config(target: dict[str, Any]) -> dict[str, Any]:
+    """The part of a target's config.json that holds its language model's sizes, chosen as transformers'
+    get_text_config() and vLLM's get_hf_text_config() choose it: the one sub-config named in TEXT_CONFIG_NAMES
+    that is set, else the config itself; two set is ambiguous; a sub-config without num_attention_heads is refused
+    (vLLM refuses it too)."""
+    found = [name for name in TEXT_CONFIG_NAMES if target.get(name) is not None]
+    if len(found) > 1:
+        raise BadInput(f"target config.json: several text configs ({', '.join(found)}): vLLM cannot tell which one "
+                       "is the language model")
+    if not found:
+        return target
+    text_config = target[found[0]]
+    if not isinstance(text_config, dict):
+        raise BadInput(f"target config.json {found[0]}: expected an object, found {text_config!r}")
+    if "num_attention_heads" not in text_config:
+        raise BadInput(f"target config.json {found[0]}: no num_attention_heads, so vLLM would refuse it as the "
+                       "text config")
+    return text_config
+
+
 def validate_drafter(config: dict[str, Any], target: dict[str, Any]) -> None:
-    """Every field vLLM reads from a converted drafter, against the target it will draft for."""
+    """Every field vLLM reads from a converted drafter, against the target it will draft for (its text config)."""
     for name in QWEN3_DECODER_INTS:
         value = config.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -135,12 +170,15 @@ def validate_drafter(config: dict[str, Any], target: dict[str, Any]) -> None:
         if name in config and not isinstance(config[name], bool):
             raise _fail(name, f"expected true or false, found {config[name]!r}")
 
-    target_vocab = target.get("vocab_size")
-    target_layers = target.get("num_hidden_layers")
-    target_hidden = target.get("hidden_size")
-    if not isinstance(target_vocab, int) or not isinstance(target_layers, int) or not isinstance(target_hidden, int):
-        raise BadInput("target config.json: vocab_size, num_hidden_layers and hidden_size are needed to check the "
-                       "drafter against it")
+    text = target_text_config(target)
+    where = "" if text is target else next(f" {name}" for name in TEXT_CONFIG_NAMES if target.get(name) is text)
+    target_vocab = text.get("vocab_size")
+    target_layers = text.get("num_hidden_layers")
+    target_hidden = text.get("hidden_size")
+    if not all(isinstance(value, int) and not isinstance(value, bool)
+               for value in (target_vocab, target_layers, target_hidden)):
+        raise BadInput(f"target config.json{where}: vocab_size, num_hidden_layers and hidden_size are needed to "
+                       "check the drafter against it")
     if config["vocab_size"] != target_vocab:
         raise _fail("vocab_size", f"{config['vocab_size']} does not match the target's vocab_size {target_vocab}: "
                                   "this drafter was trained for another model")
@@ -255,13 +293,46 @@ def _up_to_date(dst: Path, src: Path, vllm_version: str, config_text: str) -> bo
     return True
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def _check_destination(src: Path, dst: Path) -> None:
+    """DST is new, empty, or an earlier conversion of this very source: anything else holds someone's data, and a
+    conversion replaces its destination whole."""
+    if dst.is_symlink():
+        raise BadInput(f"DST {dst} is a symbolic link: give the real directory to write, nothing was touched")
+    real_src, real_dst = src.resolve(), dst.resolve()
+    if real_dst == real_src:
+        raise BadInput("DST must differ from SRC: the source stays as downloaded (its hashes are locked)")
+    if real_dst.is_relative_to(real_src):
+        raise BadInput(f"DST {dst} is inside the source {src}: put it beside the source (e.g. {src}-vllm)")
+    if real_src.is_relative_to(real_dst):
+        raise BadInput(f"DST {dst} holds the source {src}: put it beside the source (e.g. {src}-vllm)")
+    existing = next(path for path in (dst, *dst.parents) if path.exists())
+    if not existing.is_dir():
+        raise BadInput(f"{existing} is a file, not a directory: choose another DST, nothing was touched")
+    if existing != dst or not any(dst.iterdir()):
+        return
+    try:
+        recorded = json.loads((dst / PROVENANCE_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise BadInput(f"DST {dst} exists and is not a conversion of {src} (no readable {PROVENANCE_FILE}): "
+                       "choose an empty or new directory; nothing was touched")
+    if recorded.get("source") != str(real_src):
+        raise BadInput(f"DST {dst} is a conversion of another source ({recorded.get('source')}): choose another "
+                       "directory or remove it yourself; nothing was touched")
+
+
 def convert(src: Path, dst: Path, vllm_version: str, target_dir: Path,
             source_revision: str | None = None) -> dict[str, Any]:
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
         raise BadInput(f"source {src} is not a directory")
-    if dst.resolve() == src.resolve():
-        raise BadInput("DST must differ from SRC: the source stays as downloaded (its hashes are locked)")
+    _check_destination(src, dst)
+    if not any(name.endswith(WEIGHT_SUFFIXES) for name in _source_files(src)):
+        raise BadInput(f"drafter {src} has no weights (*.safetensors): fetch the complete drafter first")
     config, changes = converted_config(_read_config(src, "drafter"), vllm_version)
     validate_drafter(config, _read_config(target_dir, "target"))
     config_text = json.dumps(config, indent=2, sort_keys=True) + "\n"
