@@ -23,6 +23,7 @@ from b70ctl.checks.correctness import (
     run_correctness,
     server_vllm_version,
 )
+from b70ctl.checks.metrics import MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import run_throughput, throughput_measurements
 from b70ctl.errors import BadInput
@@ -120,6 +121,8 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
         if model not in served:
             raise BadInput(f"endpoint {request.endpoint.base_url} serves {', '.join(served)}, not the recipe's "
                            f"{model!r}: pass the right --recipe, or --model NAME")
+        if baseline_client is not None and "correctness" in request.checks:
+            require_separate_target_only(client, baseline_client)
 
         environment.served_model = model
         environment.vllm_version = server_vllm_version(client)
@@ -134,8 +137,11 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
         writer.save()
         try:
             if "smoke" in request.checks:
-                say("smoke: health, models, completion, chat, one-token prompt, stream, metrics")
+                say("smoke: health, models, completion, chat, one-token prompt, stream, metrics, speculation")
                 report.smoke = run_smoke(client, recipe)
+                speculation = next((c for c in report.smoke.checks if c.name == "speculation"), None)
+                if speculation is not None and "speculative_positions" in speculation.detail:
+                    environment.served_speculative_positions = speculation.detail["speculative_positions"]
                 writer.save()
             if "correctness" in request.checks:
                 say(f"correctness: {len(recipe.correctness.prompts)} greedy prompts against "
@@ -161,6 +167,36 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
             baseline_client.close()
 
 
+BASELINE_PROBE_TOKENS = 8
+
+
+def require_separate_target_only(client: VllmClient, baseline: VllmClient) -> None:
+    """The baseline is another server, and one that does not speculate, or exit 2 naming it: comparing a server
+    with itself, or with another speculative server, proves nothing about lossless speculation. One request to the
+    baseline between two reads of both servers' counters tells: the endpoint's must not move, the baseline's
+    must, and without a single draft."""
+    try:
+        endpoint_before = snapshot(client, client.model)
+        baseline_before = snapshot(baseline, baseline.model)
+        baseline.complete("completions", "The baseline", BASELINE_PROBE_TOKENS, temperature=0.0)
+        endpoint_after = snapshot(client, client.model)
+        baseline_after = snapshot(baseline, baseline.model)
+    except MetricsUnavailable as unavailable:
+        raise BadInput(f"baseline check: /metrics unreadable ({unavailable.reason}): the baseline must be a vLLM "
+                       "server with its stats on") from unavailable
+    except EndpointError as error:
+        raise BadInput(f"baseline {baseline.endpoint.base_url}: {error.reason}") from error
+    endpoint_moved = (endpoint_after.generation_tokens or 0) - (endpoint_before.generation_tokens or 0)
+    baseline_moved = (baseline_after.generation_tokens or 0) - (baseline_before.generation_tokens or 0)
+    if endpoint_moved > 0 and endpoint_moved == baseline_moved:
+        raise BadInput(f"--baseline-endpoint {baseline.endpoint.base_url} answers with the endpoint's counters (a "
+                       "request to it counted on the endpoint): pass a separate target-only server")
+    drafts = (baseline_after.num_drafts or 0) - (baseline_before.num_drafts or 0)
+    if drafts > 0:
+        raise BadInput(f"--baseline-endpoint {baseline.endpoint.base_url} speculates ({drafts:g} drafts for one "
+                       "request): the baseline must be target-only (serve it without --speculative-config)")
+
+
 def _finish(report: Report, recipe: Recipe, complete: bool) -> None:
     measurements: dict[str, Any] = {}
     if report.smoke is not None:
@@ -176,8 +212,9 @@ def _finish(report: Report, recipe: Recipe, complete: bool) -> None:
         report.partial, report.partial_reason = False, None
     checks_passed = all(check is None or check.passed
                         for check in (report.smoke, report.correctness, report.throughput))
+    # A claim left unjudged is not a pass: "all checks passed" means every claim was measured and met.
     report.passed = (complete and checks_passed
-                     and not any(verdict.verdict == "not_met" for verdict in report.verdicts))
+                     and all(verdict.verdict == "met" for verdict in report.verdicts))
 
 
 def _host_of(url: str) -> str:

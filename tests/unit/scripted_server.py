@@ -4,7 +4,10 @@ Streams are SSE over chunked transfer encoding like vLLM's (uvicorn), each chunk
 the request's arrival and flushed at once (Nagle off), so tests know what a client should measure. Each prompt
 can carry its own behaviour: a script of (offset, tokens per chunk), HTTP 500, a stream cut mid-way, a stall.
 The server logs when every chunk actually left (time.perf_counter, the same clock as the client in this process).
-/metrics exports vLLM's counters, advanced by every completion as the script says.
+/metrics exports vLLM's counters, advanced by every completion as the script says, and vLLM's per-request
+histograms (the names and shapes of the real captures in tests/fixtures/metrics/) observed with the script's
+own timing: the engine's truth. `delivery="burst"` holds every chunk back and writes them all at the end, as a
+loaded API server or a proxy can, while the histograms still tell when the engine produced each token.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 Mode = Literal["ok", "http500", "cut", "stall"]
+Delivery = Literal["on_time", "burst"]
 
 
 @dataclass
@@ -30,10 +34,17 @@ class Script:
     mode: Mode = "ok"
     fail_after_chunks: int = 0  # cut / stall after this many chunks
     usage_delta: int = 0  # report usage.completion_tokens off by this much
+    delivery: Delivery = "on_time"
+    cached_prompt_tokens: int = 0  # what the engine reports as served from the prefix cache
 
     @property
     def token_count(self) -> int:
         return sum(self.tokens_per_chunk)
+
+    @property
+    def engine_decode_time_s(self) -> float:
+        """First to last token as the engine produced them: what vLLM's request_decode_time_seconds observes."""
+        return self.offsets_s[-1] - self.offsets_s[0] if self.offsets_s else 0.0
 
 
 @dataclass
@@ -74,7 +85,11 @@ class ScriptedServer(ThreadingHTTPServer):
         self.stop_event = threading.Event()
         self.sent: list[SentStream] = []
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (path, body) of every POST
+        self.speculates = True
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generation": 0}
+        # Histogram name -> [sum, count], observed once per finished request like vLLM's.
+        self.histograms: dict[str, list[float]] = {name: [0.0, 0.0] for name in HISTOGRAMS}
+        self.prompt_tokens_cached = 0
         self.accepted_per_position = [0] * len(self.spec.accepted_per_position)
         self.lock = threading.Lock()
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -100,12 +115,34 @@ class ScriptedServer(ThreadingHTTPServer):
         key = "ids" if isinstance(prompt, list) else str(prompt)
         return self.scripts.get(key, self.default_script)
 
+    def record_request(self, script: Script, prompt_tokens: int, completion_tokens: int) -> None:
+        """The engine's per-request observations (vLLM v1/metrics/stats.py update_from_finished_request)."""
+        prefill_s = script.ttft_s * 0.9
+        observed = {
+            "vllm:request_decode_time_seconds": script.engine_decode_time_s,
+            "vllm:request_prefill_time_seconds": prefill_s,
+            "vllm:request_queue_time_seconds": script.ttft_s * 0.05,
+            "vllm:time_to_first_token_seconds": script.ttft_s,
+            "vllm:request_generation_tokens": float(completion_tokens),
+            "vllm:request_prompt_tokens": float(prompt_tokens),
+        }
+        with self.lock:
+            for name, value in observed.items():
+                self.histograms[name][0] += value
+                self.histograms[name][1] += 1
+            steps = max(len(script.offsets_s) - 1, 0)  # one inter-token-latency observation per engine step
+            self.histograms["vllm:inter_token_latency_seconds"][0] += script.engine_decode_time_s
+            self.histograms["vllm:inter_token_latency_seconds"][1] += steps
+            self.prompt_tokens_cached += script.cached_prompt_tokens
+
     def count_completion(self, completion_tokens: int) -> None:
         with self.lock:
+            self.counters["generation"] += completion_tokens + self.spec.extra_generation_tokens
+            if not self.speculates:
+                return
             self.counters["drafts"] += self.spec.drafts
             self.counters["draft_tokens"] += self.spec.draft_tokens
             self.counters["accepted"] += self.spec.accepted
-            self.counters["generation"] += completion_tokens + self.spec.extra_generation_tokens
             for position, value in enumerate(self.spec.accepted_per_position):
                 self.accepted_per_position[position] += value
 
@@ -113,16 +150,29 @@ class ScriptedServer(ThreadingHTTPServer):
         labels = f'engine="0",model_name="{self.model}"'
         with self.lock:
             lines = []
-            for name, key in (("vllm:spec_decode_num_drafts_total", "drafts"),
-                              ("vllm:spec_decode_num_draft_tokens_total", "draft_tokens"),
-                              ("vllm:spec_decode_num_accepted_tokens_total", "accepted"),
-                              ("vllm:generation_tokens_total", "generation")):
+            counters = [("vllm:generation_tokens_total", "generation")]
+            if self.speculates:  # vLLM creates no spec_decode_* series without a speculative config
+                counters += [("vllm:spec_decode_num_drafts_total", "drafts"),
+                             ("vllm:spec_decode_num_draft_tokens_total", "draft_tokens"),
+                             ("vllm:spec_decode_num_accepted_tokens_total", "accepted")]
+            for name, key in counters:
                 lines += [f"# TYPE {name} counter", f"{name}{{{labels}}} {float(self.counters[key])}"]
-            lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter")
-            for position, value in enumerate(self.accepted_per_position):
-                lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{position}"}}'
-                             f" {float(value)}")
+            lines += ["# TYPE vllm:prompt_tokens_cached_total counter",
+                      f"vllm:prompt_tokens_cached_total{{{labels}}} {float(self.prompt_tokens_cached)}"]
+            for name, (total, count) in self.histograms.items():
+                lines += [f"# TYPE {name} histogram", f"{name}_sum{{{labels}}} {total}",
+                          f'{name}_bucket{{{labels},le="+Inf"}} {count}', f"{name}_count{{{labels}}} {count}"]
+            if self.speculates:
+                lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter")
+                for position, value in enumerate(self.accepted_per_position):
+                    lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{position}"}}'
+                                 f" {float(value)}")
         return "\n".join(lines) + "\n"
+
+
+HISTOGRAMS = ("vllm:request_decode_time_seconds", "vllm:request_prefill_time_seconds",
+              "vllm:request_queue_time_seconds", "vllm:time_to_first_token_seconds",
+              "vllm:request_generation_tokens", "vllm:request_prompt_tokens", "vllm:inter_token_latency_seconds")
 
 
 def _tokenize(text: str) -> list[int]:
@@ -223,6 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             choice["text"] = text
         self.server.count_completion(len(token_ids))
+        self.server.record_request(script, prompt_tokens, len(token_ids))
         self._send_json(200, {"choices": [choice], "usage": {"prompt_tokens": prompt_tokens,
                                                              "completion_tokens": len(token_ids),
                                                              "total_tokens": prompt_tokens + len(token_ids)}})
@@ -241,6 +292,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._chunk("data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
                             + "\n\n")
             chunks = self._token_ids(script)
+            held: list[str] = []  # burst delivery: every chunk written at once after the last is produced
             for index, (offset_s, token_ids) in enumerate(zip(script.offsets_s, chunks)):
                 if script.mode in ("cut", "stall") and index == script.fail_after_chunks:
                     if script.mode == "stall":
@@ -257,10 +309,19 @@ class _Handler(BaseHTTPRequestHandler):
                     choice["delta"] = {"content": text}
                 else:
                     choice["text"] = text
-                self._chunk("data: " + json.dumps({"choices": [choice]}) + "\n\n")
-                sent.chunk_sent_s.append(time.perf_counter())
+                event = "data: " + json.dumps({"choices": [choice]}) + "\n\n"
+                if script.delivery == "burst":
+                    held.append(event)
+                else:
+                    self._chunk(event)
+                    sent.chunk_sent_s.append(time.perf_counter())
                 sent.token_ids.append(token_ids)
+            # vLLM records a finished request in the step that ends its stream, before the client sees the end.
             self.server.count_completion(script.token_count)
+            self.server.record_request(script, prompt_tokens, script.token_count)
+            if held:
+                self._chunk("".join(held))
+                sent.chunk_sent_s += [time.perf_counter()] * len(held)
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": script.token_count + script.usage_delta,
                      "total_tokens": prompt_tokens + script.token_count + script.usage_delta}
             if (body.get("stream_options") or {}).get("include_usage"):

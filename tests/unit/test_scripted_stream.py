@@ -152,13 +152,20 @@ def test_decode_peak_and_ttft_match_the_script(server, tmp_path, monkeypatch):
         assert sample.completion_tokens == TIMED_TOKENS and sample.usage_completion_tokens == TIMED_TOKENS
         assert sample.chunks == 14
         delivered_decode = (TIMED_TOKENS - 1) / (events[-1][0] - events[0][0])
-        assert sample.decode_tok_s == pytest.approx(delivered_decode, rel=1e-3)
+        assert sample.client_decode_tok_s == pytest.approx(delivered_decode, rel=1e-3)
         # From the client's start, which precedes httpx building the request (ms on a loaded machine).
-        assert sample.ttft_s == pytest.approx(events[0][0] + tap_start - client_start, rel=1e-3)
-        assert sample.peak_tok_s == most_tokens_in_one_second(events)
+        assert sample.client_ttft_s == pytest.approx(events[0][0] + tap_start - client_start, rel=1e-3)
+        assert sample.client_peak_tok_s == most_tokens_in_one_second(events)
         # ... and what was delivered is the script, give or take the machine's scheduling.
-        assert sample.decode_tok_s == pytest.approx(TIMED_DECODE_TOK_S, rel=NOMINAL_TOLERANCE)
-        assert sample.ttft_s == pytest.approx(TIMED.ttft_s, rel=NOMINAL_TOLERANCE)
+        assert sample.client_decode_tok_s == pytest.approx(TIMED_DECODE_TOK_S, rel=NOMINAL_TOLERANCE)
+        assert sample.client_ttft_s == pytest.approx(TIMED.ttft_s, rel=NOMINAL_TOLERANCE)
+        # The report's figures are the engine's: the script itself, exactly, whatever the delivery did.
+        assert sample.timing_source == "engine"
+        assert sample.decode_tok_s == pytest.approx(TIMED_DECODE_TOK_S, rel=1e-9)
+        assert sample.ttft_s == pytest.approx(TIMED.ttft_s, rel=1e-9)
+        on_time = abs(sample.client_decode_tok_s / TIMED_DECODE_TOK_S - 1) <= 0.05
+        assert sample.delivery == ("ok" if on_time else "distorted")
+        assert sample.peak_tok_s == (sample.client_peak_tok_s if on_time else None)
     assert timed.token_count_mismatches == 0
     assert timed.decode_tok_s is not None and timed.decode_tok_s.n == 2
     assert timed.peak_tok_s is not None
@@ -183,7 +190,7 @@ def test_peak_of_the_script_when_delivery_is_on_time(server, tmp_path):
     offsets = [t - events[0][0] for t, _ in events]
     on_time = all(abs(offset - nominal) < 0.05 for offset, nominal in zip(offsets, TIMED.offsets_s))
     expected = TIMED_PEAK_TOK_S if on_time else most_tokens_in_one_second(events)
-    assert result.workloads[0].requests[0].peak_tok_s == expected
+    assert result.workloads[0].requests[0].client_peak_tok_s == expected
 
 
 def test_raw_files_hold_what_recomputes_each_figure(server, tmp_path):
@@ -198,7 +205,17 @@ def test_raw_files_hold_what_recomputes_each_figure(server, tmp_path):
     assert raw["usage"]["completion_tokens"] == 11 and raw["done"] is True
     assert raw["temperature"] == 0.0 and raw["ignore_eos"] is True
     recomputed = decode_tok_s(11, raw["chunks"][0]["t_s"], raw["chunks"][-1]["t_s"])
-    assert recomputed == sample.decode_tok_s
+    assert recomputed == sample.client_decode_tok_s
+    # The engine's figure from the /metrics lines kept beside the request, recomputed by hand from the text.
+    def histogram(lines: str, name: str) -> tuple[float, float]:
+        values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in lines.splitlines()}
+        return values[f"{name}_sum"], values[f"{name}_count"]
+    decode_before = histogram(raw["metrics_before"], "vllm:request_decode_time_seconds")
+    decode_after = histogram(raw["metrics_after"], "vllm:request_decode_time_seconds")
+    assert decode_after[1] - decode_before[1] == 1
+    assert sample.decode_tok_s == pytest.approx((11 - 1) / (decode_after[0] - decode_before[0]), rel=1e-12)
+    assert sample.decode_tok_s == pytest.approx(10 / 0.3, rel=1e-9)
+    assert raw["engine"]["generation_tokens"] == 11
     assert (tmp_path / "raw/throughput/raw/metrics_before.txt").read_text().startswith("# TYPE")
     assert (tmp_path / "raw/throughput/raw/metrics_after.txt").exists()
 
@@ -270,8 +287,9 @@ def test_synthesized_prompt_has_exactly_the_asked_token_count(server, tmp_path):
     assert isinstance(prompt, list) and len(prompt) == 333
     sample = long.requests[0]
     assert sample.prompt_tokens == 333
-    assert sample.prefill_tok_s == pytest.approx(333 / sample.ttft_s, rel=1e-12)
-    assert sample.prefill_tok_s == pytest.approx(333 / 0.2, rel=0.1)
+    # Prompt tokens over the engine's prefill time (scheduled to first token), not over the client's TTFT.
+    assert sample.prefill_tok_s == pytest.approx(333 / sample.engine.prefill_time_s, rel=1e-12)
+    assert sample.prefill_tok_s == pytest.approx(333 / (0.9 * 0.2), rel=1e-9)
     assert throughput_measurements(result)["throughput.long.prefill_tok_s.median"] == sample.prefill_tok_s
 
 
@@ -364,7 +382,8 @@ def test_wrong_model_name_fails_smoke_and_throughput_with_the_reason(server, tmp
     assert checks["models"].reason.startswith("/v1/models lists ['scripted'], not 'not-served'")
     assert checks["completion"].reason == "POST /v1/completions: HTTP 404: The model `not-served` does not exist."
     assert checks["health"].passed
-    assert result.workloads[0].error == "request 1: HTTP 404: The model `not-served` does not exist."
+    # The prompt is checked with the server's tokenizer before the first request: that call already names it.
+    assert result.workloads[0].error == "POST /tokenize: HTTP 404: The model `not-served` does not exist."
 
 
 def test_unreachable_endpoint_fails_every_sub_check_with_a_reason(tmp_path):
@@ -386,7 +405,8 @@ def test_smoke_passes_on_a_healthy_server_and_sends_one_token_ids(server):
         smoke = run_smoke(client, recipe)
     assert smoke.passed, [(check.name, check.reason) for check in smoke.checks if not check.passed]
     assert [check.name for check in smoke.checks] == [
-        "health", "models", "completion", "chat_completion", "one_token_prompt", "stream_done", "metrics"]
+        "health", "models", "completion", "chat_completion", "one_token_prompt", "stream_done", "metrics",
+        "speculation"]
     one_token = [body for path, body in server.requests if path == "/v1/completions" and isinstance(
         body.get("prompt"), list)]
     assert len(one_token) == 1 and len(one_token[0]["prompt"]) == 1

@@ -48,7 +48,17 @@ def test_peak_counts_token_ids_not_chunks():
 def test_peak_window_is_half_open():
     # A chunk exactly one second after the window's start belongs to the next window.
     assert peak_tok_s([(0.0, 4), (1.0, 4)]) == 4.0
-    assert peak_tok_s([(0.0, 4), (0.999, 4)]) == 8.0
+    assert peak_tok_s([(0.0, 4), (1.0, 4), (1.5, 1)]) == 5.0
+
+
+def test_peak_of_a_stream_shorter_than_the_window_is_its_tokens_over_its_duration():
+    # llama-benchy 0.4 (results.py, _calculate_peak_throughput): "If total duration is less than the window, use
+    # actual duration ... where Peak would otherwise be < Mean": len(token timestamps) / (last - first).
+    assert peak_tok_s([(0.0, 4), (0.999, 4)]) == pytest.approx(8 / 0.999)
+    # 64 tokens in 0.5 s decode at (64-1)/0.5 = 126 tok/s: a 1 s window would have said 64.
+    steady = [(i * 0.5 / 63, 1) for i in range(64)]
+    assert peak_tok_s(steady) == pytest.approx(128.0)
+    assert peak_tok_s(steady) >= decode_tok_s(64, 0.0, 0.5)
 
 
 def test_peak_finds_the_densest_window_anywhere():
@@ -58,7 +68,7 @@ def test_peak_finds_the_densest_window_anywhere():
 
 
 def test_peak_ignores_empty_chunks_and_order():
-    chunks = [(2.0, 3), (0.0, 0), (1.5, 3), (0.2, 0)]
+    chunks = [(2.0, 3), (0.0, 0), (1.5, 3), (0.2, 0), (4.0, 1)]
     assert peak_tok_s(chunks) == 6.0
     assert peak_tok_s([]) == 0.0
     assert peak_tok_s([(0.0, 0)]) == 0.0

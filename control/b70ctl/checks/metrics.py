@@ -13,6 +13,14 @@ checked against a real CPU server:
   sees it, so a snapshot taken after our last [DONE] includes it. We still re-read once when the generation
   count is short, in case a future vLLM records later.
 Label sets (engine per data-parallel rank, model_name) are summed, keeping the served model's when given.
+
+Per-request timing comes from the histograms vLLM observes once per FINISHED request, on the engine core's clock
+(v1/metrics/stats.py update_from_finished_request, v1/metrics/loggers.py record(); same names in 0.21 and 0.32,
+real captures of both in tests/fixtures/metrics/): decode time = last token - first token, prefill time = first
+token - scheduled, plus TTFT (from arrival), queue time and generated / prompt token counts. Read right before and
+right after one request at concurrency 1, the deltas of their _sum and _count are that request's own figures,
+whatever the network did to the stream in between. vllm:inter_token_latency_seconds is observed once per engine
+STEP (a step can emit several tokens under speculation), so it counts steps, not tokens.
 """
 
 from __future__ import annotations
@@ -24,14 +32,27 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from b70ctl.checks.client import EndpointError, VllmClient
-from b70ctl.report.model import SpecDecodeStats
+from b70ctl.report.model import EngineTiming, SpecDecodeStats
 
 NUM_DRAFTS = "vllm:spec_decode_num_drafts_total"
 NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 NUM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
-_SUMMED = (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, GENERATION_TOKENS)
+PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"  # prompt tokens not computed (0.21 and 0.32)
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # prefix-cache hits, in tokens
+_SUMMED = (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, GENERATION_TOKENS, PROMPT_TOKENS_CACHED,
+           PREFIX_CACHE_HITS)
+
+REQUEST_DECODE_TIME = "vllm:request_decode_time_seconds"
+REQUEST_PREFILL_TIME = "vllm:request_prefill_time_seconds"
+REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
+REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+_HISTOGRAMS = (REQUEST_DECODE_TIME, REQUEST_PREFILL_TIME, REQUEST_QUEUE_TIME, TIME_TO_FIRST_TOKEN,
+               REQUEST_GENERATION_TOKENS, REQUEST_PROMPT_TOKENS, INTER_TOKEN_LATENCY)
 
 
 class MetricsUnavailable(Exception):
@@ -53,6 +74,20 @@ class MetricsSnapshot:
     generation_tokens: float | None
     accepted_per_position: dict[int, float] = field(default_factory=dict)
     text: str = field(default="", repr=False)  # the exposition as read, kept for raw/
+    # Histogram name -> (sum, count), summed over label sets; absent when the server does not export it.
+    histograms: dict[str, tuple[float, float]] = field(default_factory=dict)
+    prompt_tokens_cached: float | None = None
+    prefix_cache_hits: float | None = None
+
+    @property
+    def has_request_timing(self) -> bool:
+        return REQUEST_DECODE_TIME in self.histograms and REQUEST_GENERATION_TOKENS in self.histograms
+
+    @property
+    def speculative_positions(self) -> int:
+        """k as the server exports it: one per-position acceptance series per draft position (vLLM creates the
+        position labels 0..k-1 when it starts, before any draft)."""
+        return len(self.accepted_per_position)
 
     @property
     def has_spec_decode(self) -> bool:
@@ -76,14 +111,20 @@ def parse_metrics(text: str, model_name: str | None = None) -> MetricsSnapshot:
         samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
     except (ValueError, TypeError, IndexError) as error:
         raise MetricsUnavailable(f"/metrics is not a Prometheus text exposition: {error}") from error
-    wanted = set(_SUMMED) | {ACCEPTED_PER_POSITION}
+    histogram_samples = {f"{name}{suffix}": (name, suffix) for name in _HISTOGRAMS for suffix in ("_sum", "_count")}
+    wanted = set(_SUMMED) | {ACCEPTED_PER_POSITION} | set(histogram_samples)
     ours = [s for s in samples if s.name in wanted]
     if model_name is not None and any(s.labels.get("model_name") == model_name for s in ours):
         ours = [s for s in ours if s.labels.get("model_name") in (model_name, None)]
     totals: dict[str, float] = {}
     per_position: dict[int, float] = {}
+    histograms: dict[str, list[float]] = {}
     for sample in ours:
-        if sample.name == ACCEPTED_PER_POSITION:
+        if sample.name in histogram_samples:
+            name, suffix = histogram_samples[sample.name]
+            pair = histograms.setdefault(name, [0.0, 0.0])
+            pair[0 if suffix == "_sum" else 1] += sample.value
+        elif sample.name == ACCEPTED_PER_POSITION:
             try:
                 position = int(sample.labels["position"])
             except (KeyError, ValueError) as error:
@@ -98,6 +139,9 @@ def parse_metrics(text: str, model_name: str | None = None) -> MetricsSnapshot:
         generation_tokens=totals.get(GENERATION_TOKENS),
         accepted_per_position=dict(sorted(per_position.items())),
         text=text,
+        histograms={name: (pair[0], pair[1]) for name, pair in histograms.items()},
+        prompt_tokens_cached=totals.get(PROMPT_TOKENS_CACHED),
+        prefix_cache_hits=totals.get(PREFIX_CACHE_HITS),
     )
 
 
@@ -192,3 +236,52 @@ def _pollution(change: MetricsDelta, expected_generation_tokens: float) -> tuple
             f"{expected_generation_tokens:g}: its counters are not the ones that served us (restart or a proxy?)"
         )
     return False, None
+
+
+def _histogram_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str) -> tuple[float, float] | None:
+    if name not in before.histograms or name not in after.histograms:
+        return None
+    (sum_before, count_before), (sum_after, count_after) = before.histograms[name], after.histograms[name]
+    return sum_after - sum_before, count_after - count_before
+
+
+def request_timing(before: MetricsSnapshot, after: MetricsSnapshot) -> EngineTiming | str:
+    """One request's figures on the engine's clock, from the histogram deltas around it, or the reason they cannot
+    be (then the client's figures stand alone). Exactly one finished request must lie between the snapshots."""
+    if not (before.has_request_timing and after.has_request_timing):
+        return (f"/metrics has no {REQUEST_DECODE_TIME} / {REQUEST_GENERATION_TOKENS}: the server exposes no "
+                "per-request timing, no cross-check with the engine was possible")
+    decode = _histogram_delta(before, after, REQUEST_DECODE_TIME)
+    generated = _histogram_delta(before, after, REQUEST_GENERATION_TOKENS)
+    assert decode is not None and generated is not None
+    if decode[1] < 0 or generated[1] < 0:
+        return "the engine's counters went backwards around the request: the server restarted"
+    if decode[1] != 1 or generated[1] != 1:
+        return (f"{decode[1]:g} requests finished on the engine around this one (other traffic, or the request was "
+                "not yet recorded): its own timing cannot be told apart")
+
+    def one(name: str) -> float | None:
+        change = _histogram_delta(before, after, name)
+        return change[0] if change is not None and change[1] == 1 else None
+
+    steps = _histogram_delta(before, after, INTER_TOKEN_LATENCY)
+    cached = _minus(after.prompt_tokens_cached, before.prompt_tokens_cached)
+    prompt_tokens = one(REQUEST_PROMPT_TOKENS)
+    return EngineTiming(
+        decode_time_s=max(decode[0], 0.0),
+        generation_tokens=round(generated[0]),
+        prefill_time_s=one(REQUEST_PREFILL_TIME),
+        ttft_s=one(TIME_TO_FIRST_TOKEN),
+        queue_time_s=one(REQUEST_QUEUE_TIME),
+        prompt_tokens=round(prompt_tokens) if prompt_tokens is not None else None,
+        prompt_tokens_cached=round(cached) if cached is not None else None,
+        decode_steps=round(steps[1]) if steps is not None and steps[1] >= 0 else None,
+    )
+
+
+def timing_lines(text: str) -> str:
+    """The lines of an exposition that the figures of one request come from: kept in raw/ beside the request,
+    small enough to keep for every request (the whole text is kept per workload)."""
+    names = (*_HISTOGRAMS, *_SUMMED, ACCEPTED_PER_POSITION)
+    return "\n".join(line for line in text.splitlines()
+                     if line.startswith(names) and not line.startswith(tuple(f"{n}_bucket" for n in _HISTOGRAMS)))

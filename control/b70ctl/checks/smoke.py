@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from b70ctl.checks.client import EndpointError, VllmClient
-from b70ctl.checks.metrics import MetricsUnavailable, parse_metrics
+from b70ctl.checks.metrics import MetricsUnavailable, parse_metrics, snapshot
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import SmokeResult, SubCheck
 
@@ -37,6 +37,7 @@ def run_smoke(client: VllmClient, recipe: Recipe) -> SmokeResult:
         _run("one_token_prompt", lambda: _one_token_prompt(client)),
         _run("stream_done", lambda: _stream_done(client)),
         _run("metrics", lambda: _metrics(client, recipe)),
+        _run("speculation", lambda: served_speculation(client, recipe)),
     ]
     return SmokeResult(passed=all(check.passed for check in checks), checks=checks)
 
@@ -125,3 +126,36 @@ def _metrics(client: VllmClient, recipe: Recipe) -> dict[str, Any]:
         raise SubCheckFailed(f"the recipe speculates ({recipe.serve.speculative.method}) but /metrics has no "
                              "vllm:spec_decode_* counters: the server runs without speculation")
     return {"generation_tokens": snapshot.generation_tokens, "spec_decode": snapshot.has_spec_decode}
+
+
+SPECULATION_PROBE_TOKENS = 16
+
+
+def served_speculation(client: VllmClient, recipe: Recipe) -> dict[str, Any]:
+    """What the server speculates, from its own counters, against what the recipe says it should: one request
+    between two /metrics reads must draft exactly when the recipe speculates, and the per-position acceptance
+    series must number the recipe's k (vLLM exports positions 0..k-1). A report then never prints the recipe's
+    speculative method for a server that runs another configuration."""
+    model = client.endpoint.model or recipe.serve.served_model_name
+    try:
+        before = snapshot(client, model)
+        client.complete("completions", SMOKE_PROMPT, SPECULATION_PROBE_TOKENS, temperature=0.0)
+        after = snapshot(client, model)
+    except MetricsUnavailable as unavailable:
+        raise SubCheckFailed(unavailable.reason) from unavailable
+    drafts = (after.num_drafts or 0.0) - (before.num_drafts or 0.0)
+    positions = after.speculative_positions
+    detail: dict[str, Any] = {"drafts": drafts, "speculative_positions": positions}
+    spec = recipe.serve.speculative
+    if spec is None:
+        if drafts > 0 or positions:
+            raise SubCheckFailed(f"the recipe serves without speculation but the server drafted ({drafts:g} drafts, "
+                                 f"{positions} draft positions): it runs another configuration", detail)
+        return detail
+    if drafts <= 0:
+        raise SubCheckFailed(f"the recipe speculates ({spec.method}, k={spec.num_speculative_tokens}) but the server "
+                             "made no draft for a request: it runs without speculation", detail)
+    if positions != spec.num_speculative_tokens:
+        raise SubCheckFailed(f"the server drafts {positions} tokens per step (per-position counters), the recipe "
+                             f"k={spec.num_speculative_tokens}: it runs another speculative configuration", detail)
+    return detail

@@ -1,8 +1,9 @@
 """The numbers of the throughput check, as pure functions so tests can feed them exact inputs.
 
-Rates follow FACTS.md (Measuring): the decode rate of one request is (N-1)/(t_last - t_first) over token arrival
-times, the peak is the most tokens arriving in any 1-second window (llama-benchy's definition, counting token ids
-per chunk, never chunks). Across requests we report the median with a distribution-free confidence interval from
+Rates follow FACTS.md (Measuring): the decode rate of one request is (N-1)/(t_last - t_first), over the engine's
+first and last token when the server exposes them (checks/metrics.py), else over arrival times; the peak is the
+most tokens arriving in any 1-second window (llama-benchy's definition, counting token ids per chunk, never
+chunks). Across requests we report the median with a distribution-free confidence interval from
 binomial order statistics, so no normality is assumed for a handful of noisy runs on a shared machine.
 """
 
@@ -43,8 +44,9 @@ def peak_tok_s(chunks: Iterable[TimedChunk | tuple[float, int]], window_s: float
 
     Windows are half-open, [t_i, t_i + window_s), anchored at each chunk's arrival: the count can only change at
     an arrival, so these windows contain the maximum. A chunk counts for all the token ids it carries. Chunks are
-    either objects with `t_s` and `token_ids` (the client's Chunk) or (t_s, token_count) pairs. A stream shorter
-    than the window gives all its tokens: what arrived within one second, not an extrapolation."""
+    either objects with `t_s` and `token_ids` (the client's Chunk) or (t_s, token_count) pairs. A stream whose
+    arrivals span less than the window gives its tokens over that span, as llama-benchy 0.4 does
+    (results.py, _calculate_peak_throughput): a window count would read below the stream's own rate."""
     if window_s <= 0:
         raise ValueError("window_s must be positive")
     arrivals: list[tuple[float, int]] = []
@@ -58,6 +60,9 @@ def peak_tok_s(chunks: Iterable[TimedChunk | tuple[float, int]], window_s: float
         return 0.0
     arrivals.sort()
     times = [t_s for t_s, _ in arrivals]
+    span_s = times[-1] - times[0]
+    if 0 < span_s < window_s:
+        return sum(count for _, count in arrivals) / span_s
     # Prefix sums make each window's count an O(1) difference: a 512-token stream stays linear.
     prefix = [0]
     for _, count in arrivals:
@@ -67,6 +72,54 @@ def peak_tok_s(chunks: Iterable[TimedChunk | tuple[float, int]], window_s: float
         end_index = bisect.bisect_left(times, t_start + window_s)
         best = max(best, prefix[end_index] - prefix[start_index])
     return best / window_s
+
+
+def per_token_gaps_s(chunks: Iterable[TimedChunk | tuple[float, int]]) -> list[float]:
+    """Inter-token latency per TOKEN: each chunk's gap since the previous chunk, spread evenly over the tokens it
+    carried (with speculation one chunk holds several). vLLM's benchmark takes one gap per chunk instead, which
+    reads k+1 times too slow a stream as one token per gap."""
+    arrivals = sorted((float(c[0]), int(c[1])) if isinstance(c, tuple) else (float(c.t_s), len(c.token_ids))
+                      for c in chunks)
+    arrivals = [(t_s, count) for t_s, count in arrivals if count > 0]
+    gaps: list[float] = []
+    for (previous_s, _), (t_s, count) in zip(arrivals, arrivals[1:], strict=False):
+        gaps += [(t_s - previous_s) / count] * count
+    return gaps
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between order statistics, as numpy's default and
+    so vLLM's benchmark compute it."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError("q must be within 0..100")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+# How far the client's decode rate may stray from the engine's before the delivery is called distorted.
+DELIVERY_TOLERANCE = 0.05
+
+
+def delivery_check(client_decode_tok_s: float | None, engine_decode_tok_s: float | None,
+                   tolerance: float = DELIVERY_TOLERANCE) -> tuple[str, str | None]:
+    """("ok" | "distorted" | "unchecked", reason). The engine produced the tokens at its rate; a client that saw
+    them arrive at another rate saw the network, a proxy or a busy API server (a burst at the end of the stream
+    reads as a rate thousands of times the engine's), not the engine."""
+    if engine_decode_tok_s is None:
+        return "unchecked", None
+    if client_decode_tok_s is None:
+        return "distorted", ("all tokens arrived in one chunk while the engine decoded for "
+                             f"{1 / engine_decode_tok_s * 1000:.1f} ms per token")
+    ratio = client_decode_tok_s / engine_decode_tok_s
+    if abs(ratio - 1) > tolerance:
+        return "distorted", (f"arrivals read {client_decode_tok_s:.4g} tok/s, the engine decoded at "
+                             f"{engine_decode_tok_s:.4g} tok/s ({ratio:.3g}x): delivery, not decode, set the pace")
+    return "ok", None
 
 
 def median(values: Sequence[float]) -> float:

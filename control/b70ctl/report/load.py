@@ -10,7 +10,11 @@ Schema versions
   level (`vllm_version`, `served_model`); there was no `environment`, no flat `measurements`, no `partial`
   marking, no `baseline`. Spec-decode stats had no `per_position_acceptance` and no pollution flag, and claim
   verdicts had no `bound` and no `source`.
-- 1: the current `Report` (report/model.py).
+- 1: every figure as the client saw the stream arrive; no engine timing, no delivery check.
+- 2: the current `Report` (report/model.py): figures on the engine's clock where the server timed the request,
+  the client's beside them as `client_*`, each request's delivery checked.
+Upgrading 1 -> 2 keeps every figure and names it for what it was: the client's (`timing_source: client`,
+`client_*` filled, delivery "unchecked", a timing note saying so).
 Upgrading 0 -> 1 moves the top-level fields into `environment`, rebuilds `measurements` from the structured
 results (with verify's own functions: the keys claims refer to) and fills what schema 0 never recorded with an
 explicit "not recorded".
@@ -94,6 +98,30 @@ def _upgrade_0_to_1(data: dict[str, Any]) -> dict[str, Any]:
     return upgraded
 
 
+NOT_TIMED_IN_SCHEMA_1 = "schema 1 report: timed by the client only, delivery not checked against the engine"
+
+
+def _upgrade_1_to_2(data: dict[str, Any]) -> dict[str, Any]:
+    upgraded = dict(data)
+    upgraded["schema_version"] = 2
+    throughput = upgraded.get("throughput")
+    if isinstance(throughput, dict):
+        for workload in throughput.get("workloads") or []:
+            if not isinstance(workload, dict):
+                continue
+            workload["timing_source"] = "client"
+            workload["client_decode_tok_s"] = workload.get("decode_tok_s")
+            if workload.get("requests"):
+                workload["timing_note"] = NOT_TIMED_IN_SCHEMA_1
+            for sample in workload.get("requests") or []:
+                if isinstance(sample, dict):
+                    sample["timing_source"] = "client"
+                    sample["client_decode_tok_s"] = sample.get("decode_tok_s")
+                    sample["client_peak_tok_s"] = sample.get("peak_tok_s")
+                    sample["client_ttft_s"] = sample.get("ttft_s")
+    return upgraded
+
+
 def report_schema_version(data: dict[str, Any]) -> int | None:
     """The schema version a report declares; schema 0 had no key. None when the value is not an integer."""
     version = data.get("schema_version", 0)
@@ -115,6 +143,8 @@ def upgrade_report_json(data: dict[str, Any]) -> dict[str, Any]:
         )
     if version == 0:
         data = _upgrade_0_to_1(data)
+    if version <= 1:
+        data = _upgrade_1_to_2(data)
     return data
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
 
 Verdict = Literal["met", "not_met", "not_measured"]
 
@@ -80,11 +80,40 @@ class Summary(Model):
     confidence: float = 0.95
 
 
-class RequestSample(Model):
-    """One measured request. Token counts come from the token ids in the stream; usage is the cross-check."""
+class EngineTiming(Model):
+    """One request as the engine timed it: deltas of vLLM's per-request histograms around it (checks/metrics.py)."""
 
+    decode_time_s: float = Field(description="First to last token on the engine's clock")
+    generation_tokens: int
+    prefill_time_s: float | None = None
+    ttft_s: float | None = Field(None, description="Arrival at the engine to the first token")
+    queue_time_s: float | None = None
+    prompt_tokens: int | None = None
+    prompt_tokens_cached: int | None = Field(None, description="Prompt tokens the engine did not compute")
+    decode_steps: int | None = Field(None, description="Engine steps after the first token (one ITL observation "
+                                                       "each; a step can emit several tokens)")
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        if self.generation_tokens < 2 or self.decode_time_s <= 0:
+            return None
+        return (self.generation_tokens - 1) / self.decode_time_s
+
+
+Delivery = Literal["ok", "distorted", "unchecked"]
+TimingSource = Literal["engine", "client"]
+
+
+class RequestSample(Model):
+    """One measured request. The unprefixed figures are the engine's when the server exposes per-request timing
+    (`timing_source`), the client's otherwise; `client_*` is what arrived over the network, kept beside them.
+    Token counts come from the token ids in the stream; usage is the cross-check."""
+
+    timing_source: TimingSource = "client"
     decode_tok_s: float | None
-    peak_tok_s: float
+    peak_tok_s: float | None = Field(description="Most tokens in a 1 s window of the arrivals (a stream shorter "
+                                                 "than 1 s: its tokens over its duration); None when delivery "
+                                                 "was distorted")
     ttft_s: float
     prefill_tok_s: float | None = None
     completion_tokens: int
@@ -92,6 +121,39 @@ class RequestSample(Model):
     prompt_tokens: int | None
     chunks: int
     raw_file: str | None = Field(None, description="Per-chunk arrival times and token ids, under raw/")
+    engine: EngineTiming | None = None
+    engine_unavailable: str | None = Field(None, description="Why the engine's timing is missing")
+    client_decode_tok_s: float | None = None
+    client_peak_tok_s: float | None = None
+    client_ttft_s: float | None = None
+    delivery: Delivery = "unchecked"
+    delivery_reason: str | None = None
+    prompt_tokens_cached: int | None = None
+
+
+class Percentiles(Model):
+    """Latency percentiles over every token of a workload (not every chunk)."""
+
+    n: int
+    median_ms: float
+    p90_ms: float
+    p99_ms: float
+
+
+class BenchKeys(Model):
+    """The keys `vllm bench serve --save-result` writes, for the users who compare with it (acceptance rate in
+    percent, as vLLM's benchmark writes it). Times from the engine when it timed the requests."""
+
+    median_ttft_ms: float | None = None
+    median_tpot_ms: float | None = None
+    median_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
+    spec_decode_acceptance_rate: float | None = None
+    spec_decode_acceptance_length: float | None = None
+    spec_decode_num_drafts: int | None = None
+    spec_decode_draft_tokens: int | None = None
+    spec_decode_accepted_tokens: int | None = None
+    spec_decode_per_position_acceptance_rates: list[float] = Field(default_factory=list)
 
 
 class SpecDecodeStats(Model):
@@ -124,6 +186,14 @@ class WorkloadResult(Model):
     spec_decode: SpecDecodeStats | None = None
     metrics_error: str | None = Field(None, description="Why /metrics could not give the spec-decode figures")
     error: str | None = None
+    timing_source: TimingSource | Literal["mixed"] = "client"
+    timing_note: str | None = Field(None, description="Why some or all figures are the client's")
+    client_decode_tok_s: Summary | None = None
+    distorted_requests: int = Field(0, description="Requests whose arrival disagreed with the engine's timing")
+    itl_ms: Percentiles | None = Field(None, description="Client: each chunk gap spread over its tokens")
+    engine_tpot_ms: Percentiles | None = Field(None, description="Engine: decode time over tokens after the first")
+    prompt_tokens_cached: int | None = Field(None, description="Cached prompt tokens of the measured requests")
+    bench: BenchKeys = Field(default_factory=BenchKeys)
 
 
 class ThroughputResult(Model):
@@ -160,11 +230,13 @@ class Environment(Model):
     gpu_count: int | None = None
     gpu_model: str | None = None
     p2p_profile: str | None = None
+    served_speculative_positions: int | None = Field(None, description="k as the server's /metrics shows it")
+    serve_command: str | None = Field(None, description="The host's rendered vLLM command line, when known")
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
 class Report(Model):
-    schema_version: Literal[1] = REPORT_SCHEMA_VERSION
+    schema_version: Literal[2] = REPORT_SCHEMA_VERSION
     tool_version: str
     recipe: str
     endpoint: str
