@@ -218,3 +218,150 @@ def test_lock_resolve_refuses_a_hub_listing_a_path_outside_the_model(bad_name, r
     assert not [r for r in hub.requests if f"{TARGET_REPO}/resolve/" in r.get("path", "")]
     assert_left_clean(tmp_path, before, [lock, tmp_path / "xdg-cache", tmp_path / "hf-home"])
     assert json.loads(lock.read_text())["target"]["resolved"] is False
+
+
+# --- drafter directories and model convert destinations -----------------------------------------------------
+
+
+def _drafter_dirs(work: Path, drafter: dict[str, bytes] | None = None) -> tuple[Path, Path]:
+    """(SRC: a drafter as SpecForge ships it, its target) under work/models/."""
+    src, target = work / "models" / "drafter", work / "models" / "target"
+    for directory, files in ((src, drafter if drafter is not None else drafter_files()), (target, target_files())):
+        directory.mkdir(parents=True)
+        for name, data in files.items():
+            (directory / name).write_bytes(data)
+    return src, target
+
+
+def _convert(dst: Callable[[Path, Path], Path], drafter: dict[str, bytes] | None = None,
+             prepare: Callable[[Path, Path], None] | None = None, may_write_dst: bool = False,
+             version: str = "0.29.0") -> Callable[[Path], Invocation]:
+    def build(work: Path) -> Invocation:
+        src, target = _drafter_dirs(work, drafter)
+        if prepare is not None:
+            prepare(src, target)
+        destination = dst(work, src)
+        return Invocation(["model", "convert", str(src), str(destination), "--target", str(target),
+                           "--vllm-version", version], may_write=[destination] if may_write_dst else [])
+    return build
+
+
+def _user_files_in(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "notes.txt").write_text("my notes\n")
+    return directory
+
+
+def _previous_conversion_of_another_source(work: Path, src: Path) -> Path:
+    from b70ctl.models.convert import convert
+
+    other = work / "other-drafter"
+    other.mkdir()
+    for name, data in drafter_files(seed=5).items():
+        (other / name).write_bytes(data)
+    dst = work / "models" / "drafter-vllm"
+    convert(other, dst, "0.29.0", work / "models" / "target")
+    return dst
+
+
+def _previous_conversion_of_this_source(work: Path, src: Path) -> Path:
+    from b70ctl.models.convert import convert
+
+    dst = work / "models" / "drafter-vllm"
+    convert(src, dst, "0.28.0", work / "models" / "target")  # another vLLM version: converted again, in place
+    return dst
+
+
+def _dst_link(work: Path, src: Path) -> Path:
+    elsewhere = work / "elsewhere"
+    elsewhere.mkdir()
+    link = work / "models" / "drafter-vllm"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    return link
+
+
+def _file_at(relative: str) -> Callable[[Path, Path], Path]:
+    def make(work: Path, src: Path) -> Path:
+        path = work / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("a file\n")
+        return path
+    return make
+
+
+def _weights_removed(src: Path, target: Path) -> None:
+    (src / "model.safetensors").unlink()
+
+
+def _config_bytes(data: bytes, as_directory: bool = False) -> Callable[[Path, Path], None]:
+    def prepare(src: Path, target: Path) -> None:
+        (src / "config.json").unlink()
+        if as_directory:
+            (src / "config.json").mkdir()
+        else:
+            (src / "config.json").write_bytes(data)
+    return prepare
+
+
+def _target_config(data: bytes) -> Callable[[Path, Path], None]:
+    def prepare(src: Path, target: Path) -> None:
+        (target / "config.json").write_bytes(data)
+    return prepare
+
+
+def _config_with(**overrides: object) -> bytes:
+    from store_fixtures import drafter_config
+
+    return json.dumps(drafter_config(**overrides)).encode()
+
+
+DRAFTER_CASES = [
+    Case("convert-into-user-directory", _convert(lambda w, s: _user_files_in(w / "models" / "mine")), 2,
+         r"not a conversion of .*: choose an empty or new directory"),
+    Case("convert-into-parent-of-source", _convert(lambda w, s: w / "models"), 2,
+         r"(inside|holds) the source"),
+    Case("convert-into-source", _convert(lambda w, s: s), 2, r"DST must differ from SRC"),
+    Case("convert-inside-source", _convert(lambda w, s: s / "vllm"), 2, r"inside the source"),
+    Case("convert-onto-file", _convert(_file_at("models/drafter-vllm")), 2, r"is a file"),
+    Case("convert-under-file", _convert(lambda w, s: _file_at("models/afile")(w, s) / "x"), 2, r"is a file"),
+    Case("convert-onto-link", _convert(_dst_link), 2, r"symbolic link"),
+    Case("convert-over-another-conversion", _convert(_previous_conversion_of_another_source), 2,
+         r"conversion of another source"),
+    Case("convert-over-own-conversion", _convert(_previous_conversion_of_this_source, may_write_dst=True), 0, ""),
+    Case("convert-new-dir", _convert(lambda w, s: w / "models" / "drafter-vllm", may_write_dst=True), 0, ""),
+    Case("convert-into-empty-dir", _convert(lambda w, s: _empty(w / "models" / "empty"), may_write_dst=True), 0, ""),
+    Case("drafter-without-weights", _convert(lambda w, s: w / "models" / "x", prepare=_weights_removed), 2,
+         r"no weights"),
+    Case("drafter-config-not-utf8", _convert(lambda w, s: w / "models" / "x", prepare=_config_bytes(b"{\"a\": \"\xff\"}")),
+         2, r"not UTF-8"),
+    Case("drafter-config-directory", _convert(lambda w, s: w / "models" / "x",
+                                              prepare=_config_bytes(b"", as_directory=True)), 2, r"is a directory"),
+    Case("drafter-config-list", _convert(lambda w, s: w / "models" / "x", prepare=_config_bytes(b"[1]")), 2,
+         r"expected a JSON object"),
+    Case("drafter-config-truncated", _convert(lambda w, s: w / "models" / "x", prepare=_config_bytes(b"{\"arch")), 2,
+         r"not valid JSON"),
+    Case("drafter-config-missing", _convert(lambda w, s: w / "models" / "x", prepare=_config_bytes(b"")), 2,
+         r"not valid JSON"),
+    Case("drafter-bool-layers", _convert(lambda w, s: w / "models" / "x",
+                                         prepare=_config_bytes(_config_with(num_hidden_layers=True))), 2,
+         r"num_hidden_layers"),
+    Case("drafter-wrong-architecture", _convert(lambda w, s: w / "models" / "x",
+                                                prepare=_config_bytes(_config_with(architectures=["LlamaForCausalLM"]))),
+         2, r"architectures"),
+    Case("drafter-vocab-mismatch", _convert(lambda w, s: w / "models" / "x",
+                                            prepare=_config_bytes(_config_with(vocab_size=999))), 2, r"vocab_size"),
+    Case("target-config-not-utf8", _convert(lambda w, s: w / "models" / "x", prepare=_target_config(b"\xff\xfe")), 2,
+         r"not UTF-8"),
+    Case("convert-bad-version", _convert(lambda w, s: w / "models" / "x", version="latest"), 2, r"not a version"),
+    Case("convert-old-version", _convert(lambda w, s: w / "models" / "x", version="0.21.0"), 2, r"no native DSpark"),
+]
+
+
+def _empty(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    return directory
+
+
+@pytest.mark.parametrize("case", DRAFTER_CASES, ids=lambda case: case.id)
+def test_drafter_dirs(case: Case, tmp_path: Path) -> None:
+    run_case(case, tmp_path)
