@@ -1,9 +1,11 @@
 """A local apt repository standing in for the Intel graphics PPA and Intel's oneAPI repository.
 
-The packages carry the names and versions the roles pin (read from the roles' own defaults) with empty payloads,
-built by dpkg-deb. Each also gets a NEWER decoy version, so a test can tell that the pin, not luck, chose the
-installed version. Layout: dists/<suite>/{Release, main/binary-amd64/Packages} and pool/<suite>/*.deb; the hosts
-use it as a file:/ repository marked trusted.
+The packages carry the names and versions the sources really publish for one Ubuntu series, read from
+tests/fixtures/apt-manifest.yaml (written from public sources, never from the roles' defaults), with
+empty payloads built by dpkg-deb: a role asking for a package or version the manifest lacks makes apt fail
+on the test host as it would on a real one. Each also gets a NEWER decoy version, so a test can tell that the
+pin, not luck, chose the installed version. Layout: dists/<suite>/{Release, main/binary-amd64/Packages} and
+pool/<suite>/*.deb; the hosts use it as a file:/ repository marked trusted.
 """
 
 from __future__ import annotations
@@ -19,26 +21,49 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DECOY_VERSION = "99.0-1"
+MANIFEST = REPO_ROOT / "tests" / "fixtures" / "apt-manifest.yaml"
+# The series the Debian test hosts stand in for (their inventories set intel_gpu_apt_series/oneapi_apt_series).
+TEST_HOST_SERIES = "noble"
 
 
 @dataclass(frozen=True)
-class PinnedPackage:
+class PublishedPackage:
     name: str
-    pin: str  # as the role writes it: an apt version or a glob
-    version: str  # the concrete version the repository carries for it
+    version: str
 
 
-def concrete_version(pin: str) -> str:
-    """A version that matches the role's pin: a glob's `*` becomes a plausible revision."""
-    if not pin.endswith("*"):
-        return pin
-    prefix = pin[:-1]
-    return prefix + ("1" if prefix.endswith((".", "-")) else "-1")
+@dataclass(frozen=True)
+class RolePin:
+    name: str
+    version: str
 
 
-def role_packages(role: str, variable: str) -> list[PinnedPackage]:
+def load_manifest() -> dict:
+    return yaml.safe_load(MANIFEST.read_text())
+
+
+def manifest_digest() -> str:
+    """Names the built repository: a changed manifest builds a new one instead of reusing the old."""
+    return hashlib.sha256(MANIFEST.read_bytes()).hexdigest()[:12]
+
+
+def published(source: str, series: str) -> list[PublishedPackage]:
+    """What the manifest says SOURCE publishes for SERIES."""
+    entries = load_manifest()["sources"][source]["packages"].get(series, [])
+    return [PublishedPackage(entry["name"], entry["version"]) for entry in entries]
+
+
+def manifest_suites(series: str = TEST_HOST_SERIES) -> dict[str, list[PublishedPackage]]:
+    """The test repository's suites: the PPA (with the distribution archive's entries of the series beside it, as
+    a real host sees both) and the oneAPI repository."""
+    return {"intel-graphics": published("kobuk-team-ppa", series) + published("ubuntu-archive", series),
+            "oneapi": published("intel-oneapi", series)}
+
+
+def role_pins(role: str, variable: str, series: str = TEST_HOST_SERIES) -> list[RolePin]:
+    """What a role asks for on SERIES (for tests that check what got installed, not for building the repository)."""
     defaults = yaml.safe_load((REPO_ROOT / "roles" / role / "defaults" / "main.yml").read_text())
-    return [PinnedPackage(p["name"], p["version"], concrete_version(p["version"])) for p in defaults[variable]]
+    return [RolePin(p["name"], p["version"]) for p in defaults[variable].get(series, [])]
 
 
 def build_deb(name: str, version: str, out_dir: Path) -> Path:
@@ -60,7 +85,7 @@ def packages_entry(deb: Path, repo: Path) -> str:
             f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
 
 
-def build_suite(repo: Path, suite: str, packages: list[PinnedPackage]) -> None:
+def build_suite(repo: Path, suite: str, packages: list[PublishedPackage]) -> None:
     pool = repo / "pool" / suite
     pool.mkdir(parents=True)
     entries = []
@@ -77,7 +102,7 @@ def build_suite(repo: Path, suite: str, packages: list[PinnedPackage]) -> None:
         f" {hashlib.sha256(index).hexdigest()} {len(index)} main/binary-amd64/Packages\n")
 
 
-def build_repository(repo: Path, suites: dict[str, list[PinnedPackage]]) -> Path:
+def build_repository(repo: Path, suites: dict[str, list[PublishedPackage]]) -> Path:
     """Build once: a repository already built here is kept as it is, so copying it into a host that has it
     changes nothing (a rebuilt .deb would differ in its timestamps). Built beside and renamed into place."""
     if repo.is_dir():

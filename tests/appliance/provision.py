@@ -16,7 +16,7 @@ from pathlib import Path
 import testinfra
 import yaml
 
-from aptrepo import build_repository, role_packages
+from aptrepo import TEST_HOST_SERIES, build_repository, manifest_digest, manifest_suites
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
@@ -88,6 +88,9 @@ def write_inventory(path: Path, hosts: list[HostUnderTest], ssh_key: str, host_v
         "b70_recipe": "cpu-tiny",
         "b70_test_host": True,
         "b70_gpu_root_prefix": FIXTURE_ROOT,
+        # The Debian test hosts stand in for this Ubuntu series: its pins are installed from the test repository.
+        "intel_gpu_apt_series": TEST_HOST_SERIES,
+        "oneapi_apt_series": TEST_HOST_SERIES,
         "intel_gpu_apt_uri": f"file:{TEST_APT_DIR}",
         "intel_gpu_apt_suite": "intel-graphics",
         "intel_gpu_apt_trusted": True,
@@ -145,10 +148,9 @@ def start_hosts(prefix: str, subnet: str, scenarios: dict[int, str | None], work
     started = json.loads(testhosts("up", "--count", str(len(scenarios)), "--prefix", prefix, "--subnet", subnet,
                                    *(["--fresh"] if fresh else [])))
     hosts = [HostUnderTest(h["name"], h["address"], scenarios[index]) for index, h in enumerate(started["hosts"], start=1)]
-    repository = build_repository(work_dir / "apt", {
-        "intel-graphics": role_packages("intel_gpu", "intel_gpu_packages"),
-        "oneapi": role_packages("oneapi", "oneapi_packages") + role_packages("oneapi", "oneapi_ccl_packages"),
-    })
+    # What the sources publish (tests/fixtures/apt-manifest.yaml), not what the roles ask for.
+    repository = build_repository(work_dir / f"apt-{manifest_digest()}",
+                                  manifest_suites(TEST_HOST_SERIES))
     for host in hosts:
         if host.scenario is None:
             continue

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from aptrepo import DECOY_VERSION, role_packages
+from aptrepo import DECOY_VERSION, role_pins
 from provision import FIXTURE_ROOT, Appliance, PlaybookRun, assert_recap, on, run_playbook, serving_pid
 
 # The first test also provisions the hosts (apt inside each): allow for a slow mirror or a busy machine.
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
-PINNED = role_packages("intel_gpu", "intel_gpu_packages") + role_packages("oneapi", "oneapi_packages")
+PINNED = role_pins("intel_gpu", "intel_gpu_packages_by_series") + role_pins("oneapi", "oneapi_packages_by_series")
 EXPECTED_PROFILE = {"b70x2-switch": "p2p", "b70x2-root-ports": "no-p2p"}
 
 
