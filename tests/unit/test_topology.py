@@ -1,10 +1,12 @@
-"""P2P per GPU pair from the PCIe tree, the ze_peer probe (a fake ze_peer executable on PATH stands in for the
-hardware), the oneCCL profile per scenario, the override and the idempotent topology.json."""
+"""P2P per GPU pair by the kernel's P2PDMA rule (expected outcomes from drivers/pci/p2pdma.c, see
+tests/fixtures/README.md), the Level Zero probe (a stub loader built here with gcc stands in for the runtime), the
+oneCCL profile per scenario, the override and the idempotent topology.json."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -17,81 +19,81 @@ from b70ctl.cli import app, main
 from b70ctl.errors import BadInput
 from b70ctl.host.facts import collect_facts
 from b70ctl.host.model import load_topology
-from b70ctl.host.topology import CCL_PROFILES, TOPOLOGY_PATH, analyse, parse_ze_peer_output, topology
+from b70ctl.host.topology import CCL_PROFILES, P2PDMA_HOST_BRIDGE_WHITELIST, TOPOLOGY_PATH, analyse, topology
 from sysfs_trees import REPO, build_tree
 
 TOPOLOGY_SCRIPT = REPO / "control" / "b70ctl" / "host" / "topology.py"
 
-# scenario -> (profile, group, [(a, b, relation, acs, p2p)])
+# scenario -> (profile, group, [(a, b, relation, acs, p2p, rule)]); each outcome is P2PDMA's (tests/fixtures/README.md)
 EXPECTED = {
-    "b70x2-switch": ("p2p", [0, 1], [(0, 1, "same_switch", "off", True)]),
-    "b70x2-switch-user": ("no-p2p", [0, 1], [(0, 1, "same_switch", "unknown", None)]),
-    "b70x2-root-ports": ("no-p2p", [0, 1], [(0, 1, "separate_root_ports", "not_applicable", False)]),
+    "b70x2-switch": ("p2p", [0, 1], [(0, 1, "same_switch", "off", True, "same-switch")]),
+    "b70x2-switch-user": ("no-p2p", [0, 1], [(0, 1, "same_switch", "unknown", None,
+                                              "unknown: ACS not readable at 0000:02:00.0, 0000:03:00.0, 0000:04:01.0, "
+                                              "0000:01:00.0, 0000:02:01.0, 0000:07:00.0, 0000:08:01.0")]),
+    "b70x2-root-ports": ("no-p2p", [0, 1], [(0, 1, "separate_root_ports", "not_applicable", False,
+                                             "refused: no shared upstream bridge, CPU not AMD Zen, host bridge "
+                                             "8086:a703 not whitelisted")]),
+    "b70x2-amd-zen": ("p2p", [0, 1], [(0, 1, "separate_root_ports", "not_applicable", True, "amd-zen")]),
+    "b70x2-xeon-whitelisted": ("p2p", [0, 1], [(0, 1, "separate_root_ports", "not_applicable", True,
+                                                 "whitelisted-host-bridge:8086:09a2")]),
     "b70-igpu": ("no-p2p", [0], []),
     "b70x4-two-switches": ("no-p2p", [0, 1, 2, 3], [
-        (0, 1, "same_switch", "off", True),
-        (0, 2, "separate_host_bridges", "not_applicable", False),
-        (0, 3, "separate_host_bridges", "not_applicable", False),
-        (1, 2, "separate_host_bridges", "not_applicable", False),
-        (1, 3, "separate_host_bridges", "not_applicable", False),
-        (2, 3, "same_switch", "redirect", False),
+        (0, 1, "same_switch", "off", True, "same-switch"),
+        (0, 2, "separate_host_bridges", "not_applicable", False,
+         "refused: no shared upstream bridge, CPU not AMD Zen, host bridge 8086:347a, 8086:347a not whitelisted"),
+        (0, 3, "separate_host_bridges", "not_applicable", False,
+         "refused: no shared upstream bridge, CPU not AMD Zen, host bridge 8086:347a, 8086:347a not whitelisted"),
+        (1, 2, "separate_host_bridges", "not_applicable", False,
+         "refused: no shared upstream bridge, CPU not AMD Zen, host bridge 8086:347a, 8086:347a not whitelisted"),
+        (1, 3, "separate_host_bridges", "not_applicable", False,
+         "refused: no shared upstream bridge, CPU not AMD Zen, host bridge 8086:347a, 8086:347a not whitelisted"),
+        (2, 3, "same_switch", "redirect", False,
+         "refused: ACS redirect at 0000:cc:00.0, 0000:cc:01.0 and the host bridge route is not allowed"),
     ]),
-    "b60x2-switch": ("p2p", [0, 1], [(0, 1, "same_switch", "off", True)]),
-    "xe-unbound": ("no-p2p", [], [(0, 1, "same_switch", "off", True)]),
+    "b60x2-switch": ("p2p", [0, 1], [(0, 1, "same_switch", "off", True, "same-switch")]),
+    "xe-unbound": ("no-p2p", [], [(0, 1, "same_switch", "off", True, "same-switch")]),
     "no-intel-gpu": ("no-p2p", [], []),
 }
 
+STUB_SOURCE = REPO / "tests" / "unit" / "ze_loader_stub.c"
+
 
 @pytest.fixture
-def no_ze_peer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A PATH without ze_peer, whatever the machine has installed."""
-    empty = tmp_path / "empty-bin"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
+def no_ze_loader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No Level Zero loader, whatever the machine has installed."""
+    monkeypatch.setenv("B70CTL_ZE_LOADER", str(tmp_path / "absent" / "libze_loader.so.1"))
 
 
-def fake_ze_peer(directory: Path, output: str, exit_code: int = 0) -> Path:
-    """An executable ze_peer that records its arguments and prints `output`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    script = directory / "ze_peer"
-    script.write_text(
-        "#!%s\nimport sys\nopen(%r, 'a').write(' '.join(sys.argv[1:]) + '\\n')\nsys.stdout.write(%r)\nsys.exit(%d)\n"
-        % (sys.executable, str(directory / "calls"), output, exit_code))
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script
+@pytest.fixture(scope="session")
+def stub_loader(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stub loader (tests/unit/ze_loader_stub.c) compiled into a shared library."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the stub Level Zero loader")
+    library = tmp_path_factory.mktemp("ze") / "libze_loader.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(STUB_SOURCE)], check=True)
+    return library
 
 
-ZE_PEER_TABLE = """================================================================================
-Single Process Unidirectional tests
-================================================================================
---------------------------------------------------------------------------------
-Bandwidth Write : Device(0)--->Device(1)
- Size   | BW [GBPS] 
-  8388608 |    21.34
- 268435456 |    24.87
-
---------------------------------------------------------------------------------
-"""
-ZE_PEER_REFUSED = """Bandwidth Write : Device(0)--->Device(1)
- Size   | BW [GBPS] 
-ERROR: zeMemOpenIpcHandle failed: ZE_RESULT_ERROR_INVALID_ARGUMENT
-terminate called without an active exception
-"""
+def use_stub(monkeypatch: pytest.MonkeyPatch, library: Path, devices: str, access: bool, init_result: int = 0) -> None:
+    monkeypatch.setenv("B70CTL_ZE_LOADER", str(library))
+    monkeypatch.setenv("ZE_STUB_DEVICES", devices)
+    monkeypatch.setenv("ZE_STUB_PEER_ACCESS", "1" if access else "0")
+    monkeypatch.setenv("ZE_STUB_INIT_RESULT", str(init_result))
 
 
 @pytest.mark.parametrize("scenario", sorted(EXPECTED))
-def test_profile_and_pairs_per_scenario(tmp_path: Path, scenario: str, no_ze_peer: None) -> None:
+def test_profile_and_pairs_per_scenario(tmp_path: Path, scenario: str, no_ze_loader: None) -> None:
     profile, group, pairs = EXPECTED[scenario]
     document = analyse(collect_facts(build_tree(tmp_path, scenario)))
     assert document["profile"] == profile
     assert document["group"] == group
-    assert [(p["a"], p["b"], p["relation"], p["acs"], p["p2p"]) for p in document["pairs"]] == pairs
+    assert [(p["a"], p["b"], p["relation"], p["acs"], p["p2p"], p["rule"]) for p in document["pairs"]] == pairs
     assert document["ccl_env"] == CCL_PROFILES[profile]["env"]
     assert document["docker_args"] == CCL_PROFILES[profile]["docker_args"]
-    assert document["probe"]["status"] == "not_installed"
+    assert document["probe"]["status"] in ("not_installed", "nothing_to_probe")
 
 
-def test_switch_pair_explains_itself(tmp_path: Path, no_ze_peer: None) -> None:
+def test_switch_pair_explains_itself(tmp_path: Path, no_ze_loader: None) -> None:
     document = analyse(collect_facts(build_tree(tmp_path, "b70x2-switch")))
     (pair,) = document["pairs"]
     assert pair["common_bridge"] == "0000:01:00.0"
@@ -101,13 +103,13 @@ def test_switch_pair_explains_itself(tmp_path: Path, no_ze_peer: None) -> None:
                                          "/dev/dri/renderD129"]
 
 
-def test_separate_root_ports_name_the_kernel_refusal(tmp_path: Path, no_ze_peer: None) -> None:
+def test_separate_root_ports_name_the_kernel_refusal(tmp_path: Path, no_ze_loader: None) -> None:
     document = analyse(collect_facts(build_tree(tmp_path, "b70x2-root-ports")))
     assert "separate root ports (0000:00:01.0, 0000:00:01.1)" in document["pairs"][0]["reason"]
     assert "P2PDMA refuses" in document["reasons"][0]
 
 
-def test_acs_redirect_names_the_ports(tmp_path: Path, no_ze_peer: None) -> None:
+def test_acs_redirect_names_the_ports(tmp_path: Path, no_ze_loader: None) -> None:
     document = analyse(collect_facts(build_tree(tmp_path, "b70x4-two-switches")))
     redirect = document["pairs"][-1]
     assert redirect["acs_redirect_bridges"] == ["0000:cc:00.0", "0000:cc:01.0"]
@@ -115,25 +117,25 @@ def test_acs_redirect_names_the_ports(tmp_path: Path, no_ze_peer: None) -> None:
 
 @pytest.mark.parametrize("tensor_parallel_size, profile, group", [(2, "p2p", [0, 1]), (3, "no-p2p", [0, 1, 2]),
                                                                    (4, "no-p2p", [0, 1, 2, 3])])
-def test_four_cards_pick_a_p2p_pair_for_tp2(tmp_path: Path, no_ze_peer: None, tensor_parallel_size: int,
+def test_four_cards_pick_a_p2p_pair_for_tp2(tmp_path: Path, no_ze_loader: None, tensor_parallel_size: int,
                                            profile: str, group: list[int]) -> None:
     facts = collect_facts(build_tree(tmp_path, "b70x4-two-switches"))
     document = analyse(facts, tensor_parallel_size=tensor_parallel_size)
     assert (document["profile"], document["group"]) == (profile, group)
 
 
-def test_tp2_on_a_single_card_host_is_no_p2p_with_reason(tmp_path: Path, no_ze_peer: None) -> None:
+def test_tp2_on_a_single_card_host_is_no_p2p_with_reason(tmp_path: Path, no_ze_loader: None) -> None:
     document = analyse(collect_facts(build_tree(tmp_path, "b70-igpu")), tensor_parallel_size=2)
     assert document["profile"] == "no-p2p"
     assert document["reasons"] == ["tensor-parallel size 2 but 1 usable GPU(s)"]
 
 
-def test_unbound_cards_are_not_usable(tmp_path: Path, no_ze_peer: None) -> None:
+def test_unbound_cards_are_not_usable(tmp_path: Path, no_ze_loader: None) -> None:
     document = analyse(collect_facts(build_tree(tmp_path, "xe-unbound")))
     assert document["reasons"][0] == "not bound to xe, not usable: 0000:05:00.0, 0000:09:00.0"
 
 
-def test_override_forces_the_profile_and_keeps_the_auto_choice(tmp_path: Path, no_ze_peer: None) -> None:
+def test_override_forces_the_profile_and_keeps_the_auto_choice(tmp_path: Path, no_ze_loader: None) -> None:
     facts = collect_facts(build_tree(tmp_path, "b70x2-root-ports"))
     document = analyse(facts, profile="p2p")
     assert (document["profile"], document["auto_profile"], document["profile_source"]) == ("p2p", "no-p2p",
@@ -159,60 +161,86 @@ def test_profiles_carry_the_documented_oncl_sets() -> None:
     assert p2p["CCL_SYCL_ALLGATHERV_SMALL_THRESHOLD"] == "131072"
 
 
-def test_ze_peer_confirms_a_pair_whose_acs_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    tool = fake_ze_peer(tmp_path / "bin", ZE_PEER_TABLE)
-    monkeypatch.setenv("PATH", str(tool.parent))
+def test_level_zero_confirms_a_pair_whose_acs_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       stub_loader: Path) -> None:
+    use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=True)
     document = analyse(collect_facts(build_tree(tmp_path, "b70x2-switch-user")))
-    assert (tool.parent / "calls").read_text() == "-s 0 -d 1\n"
     (pair,) = document["pairs"]
     assert (pair["p2p_from_topology"], pair["p2p"]) == (None, True)
-    assert pair["probe"]["status"] == "confirmed" and pair["probe"]["peak_gb_per_s"] == 24.87
+    assert pair["probe"]["status"] == "confirmed"
+    assert "0000:05:00.0->0000:09:00.0 zeDeviceCanAccessPeer=True p2p flags access=True atomics=True" in \
+        pair["probe"]["detail"]
     assert document["profile"] == "p2p"
-    assert document["probe"] == {"tool": str(tool), "status": "probed"}
+    assert document["probe"] == {"tool": str(stub_loader), "status": "probed", "detail": None}
 
 
-def test_ze_peer_refusal_beats_the_topology(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    tool = fake_ze_peer(tmp_path / "bin", ZE_PEER_REFUSED, exit_code=134)
-    monkeypatch.setenv("PATH", str(tool.parent))
+def test_level_zero_refusal_beats_the_kernel_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 stub_loader: Path) -> None:
+    use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=False)
     document = analyse(collect_facts(build_tree(tmp_path, "b70x2-switch")))
     (pair,) = document["pairs"]
-    assert (pair["p2p_from_topology"], pair["p2p"]) == (True, False)
+    assert (pair["p2p_from_topology"], pair["p2p"], pair["rule"]) == (True, False, "same-switch")
     assert pair["probe"]["status"] == "refused"
-    assert pair["probe"]["detail"] == "ERROR: zeMemOpenIpcHandle failed: ZE_RESULT_ERROR_INVALID_ARGUMENT"
+    assert "zeDeviceCanAccessPeer=False p2p flags access=False" in pair["probe"]["detail"]
     assert document["profile"] == "no-p2p"
 
 
-def test_ze_peer_probes_the_candidate_group_by_level_zero_index(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    tool = fake_ze_peer(tmp_path / "bin", ZE_PEER_TABLE)
-    monkeypatch.setenv("PATH", str(tool.parent))
-    document = analyse(collect_facts(build_tree(tmp_path, "b70x4-two-switches")), tensor_parallel_size=2)
-    assert (tool.parent / "calls").read_text() == "-s 0 -d 1\n"
+def test_level_zero_joins_devices_by_pci_address(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 stub_loader: Path) -> None:
+    """The loader lists the cards in its own order; the answer lands on the pair with those PCI addresses."""
+    root = build_tree(tmp_path, "b70x4-two-switches")
+    facts = collect_facts(root)
+    addresses = [gpu["pci_address"] for gpu in facts["gpus"]]
+    use_stub(monkeypatch, stub_loader, ",".join(reversed(addresses)), access=True)
+    document = analyse(facts, tensor_parallel_size=2)
+    probed = [pair for pair in document["pairs"] if pair["probe"]]
+    assert [(pair["a_address"], pair["b_address"]) for pair in probed] == [(addresses[0], addresses[1])]
     assert document["profile"] == "p2p"
 
 
-def test_probe_never_skips_an_installed_ze_peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    tool = fake_ze_peer(tmp_path / "bin", ZE_PEER_REFUSED, exit_code=1)
-    monkeypatch.setenv("PATH", str(tool.parent))
+def test_a_missing_loader_falls_back_to_the_kernel_rule(tmp_path: Path, no_ze_loader: None) -> None:
+    document = analyse(collect_facts(build_tree(tmp_path, "b70x2-switch")))
+    assert document["probe"]["status"] == "not_installed"
+    assert document["probe"]["detail"].startswith("Level Zero loader ")
+    assert document["probe"]["detail"].endswith("install the compute runtime's libze1: the kernel's P2PDMA rule "
+                                                "decides")
+    assert document["profile"] == "p2p" and document["pairs"][0]["probe"] is None
+
+
+def test_a_failing_zeinit_falls_back_to_the_kernel_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       stub_loader: Path) -> None:
+    use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=True, init_result=0x78000001)
+    document = analyse(collect_facts(build_tree(tmp_path, "b70x2-root-ports")))
+    assert document["probe"]["status"] == "init_failed"
+    assert "zeInit(ZE_INIT_FLAG_GPU_ONLY) returned ZE_RESULT_ERROR_UNINITIALIZED" in document["probe"]["detail"]
+    assert document["profile"] == "no-p2p" and document["pairs"][0]["p2p"] is False
+
+
+def test_probe_never_skips_an_installed_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               stub_loader: Path) -> None:
+    use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=False)
     document = analyse(collect_facts(build_tree(tmp_path, "b70x2-switch")), probe="never")
-    assert not (tool.parent / "calls").exists()
     assert document["probe"]["status"] == "skipped" and document["profile"] == "p2p"
 
 
-@pytest.mark.parametrize("output, exit_code, expected", [
-    (ZE_PEER_TABLE, 0, ("confirmed", 24.87)),
-    (" Device(0)->Device(1):  GBPS 21.5\n", 0, ("confirmed", 21.5)),
-    ("BW [GBPS]:  256 MB:    23.10\nBW [GBPS]:    8 MB:    19.02\n", 0, ("confirmed", 23.10)),
-    (ZE_PEER_REFUSED, 134, ("refused", None)),
-    ("ERROR: there are no peer devices among 2 devices found\n", 0, ("refused", None)),
-    ("Single Process Unidirectional tests\n", 0, ("inconclusive", None)),
-])
-def test_ze_peer_output_formats(output: str, exit_code: int, expected: tuple) -> None:
-    status, peak, _ = parse_ze_peer_output(output, exit_code)
-    assert (status, peak) == expected
+def test_the_whitelist_is_the_kernels() -> None:
+    """pci_p2pdma_whitelist[] as read (tests/fixtures/README.md): consumer Raptor Lake 8086:a703 is not in it."""
+    intel = {(device, same) for vendor, device, same, _ in P2PDMA_HOST_BRIDGE_WHITELIST if vendor == 0x8086}
+    assert {(0x3C00, True), (0x3C01, True), (0x2F00, True), (0x2F01, True), (0x09A2, False)} <= intel
+    assert all(device != 0xA703 for _, device in intel)
 
 
-def test_write_is_atomic_and_idempotent(tmp_path: Path, no_ze_peer: None) -> None:
+def test_whitelisted_pairs_across_host_bridges_need_the_flag_off() -> None:
+    from b70ctl.host.topology import host_bridge_whitelisted
+
+    devices = {"pci0000:00": {"pci_id": "8086:3c00"}, "pci0000:80": {"pci_id": "8086:3c00"},
+               "pci0000:16": {"pci_id": "8086:09a2"}, "pci0000:ca": {"pci_id": "8086:09a2"}}
+    assert host_bridge_whitelisted("pci0000:00", "pci0000:00", devices)[0] is True
+    assert host_bridge_whitelisted("pci0000:00", "pci0000:80", devices)[0] is False  # REQ_SAME_HOST_BRIDGE
+    assert host_bridge_whitelisted("pci0000:16", "pci0000:ca", devices)[0] is True
+
+
+def test_write_is_atomic_and_idempotent(tmp_path: Path, no_ze_loader: None) -> None:
     root = build_tree(tmp_path, "b70x2-switch")
     first = topology(root, write=True)
     target = Path(root) / TOPOLOGY_PATH.lstrip("/")
@@ -259,7 +287,7 @@ def test_cli_rejects_a_bad_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("scenario", sorted(EXPECTED))
-def test_written_document_loads_as_the_typed_model(tmp_path: Path, scenario: str, no_ze_peer: None) -> None:
+def test_written_document_loads_as_the_typed_model(tmp_path: Path, scenario: str, no_ze_loader: None) -> None:
     root = build_tree(tmp_path, scenario)
     topology(root, tensor_parallel_size=2 if scenario == "b70x4-two-switches" else None, write=True)
     document = load_topology(Path(root) / TOPOLOGY_PATH.lstrip("/"))
@@ -273,17 +301,32 @@ def test_written_document_loads_as_the_typed_model(tmp_path: Path, scenario: str
         assert "ZE_AFFINITY_MASK" not in env
 
 
-def test_probed_document_loads_as_the_typed_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    tool = fake_ze_peer(tmp_path / "bin", ZE_PEER_TABLE)
-    monkeypatch.setenv("PATH", str(tool.parent))
+def test_probed_document_loads_as_the_typed_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 stub_loader: Path) -> None:
+    use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=True)
     root = build_tree(tmp_path, "b70x2-switch-user")
     topology(root, write=True)
     document = load_topology(Path(root) / TOPOLOGY_PATH.lstrip("/"))
     assert document.pairs[0].probe is not None and document.pairs[0].probe.status == "confirmed"
-    assert document.profile == "p2p"
+    assert document.profile == "p2p" and document.schema_version == 2
 
 
-def test_a_tampered_topology_file_is_refused(tmp_path: Path, no_ze_peer: None) -> None:
+def test_a_schema_1_document_still_loads(tmp_path: Path, no_ze_loader: None) -> None:
+    root = build_tree(tmp_path, "b70x2-switch")
+    topology(root, write=True)
+    target = Path(root) / TOPOLOGY_PATH.lstrip("/")
+    data = json.loads(target.read_text())
+    data["schema_version"] = 1
+    for pair in data["pairs"]:
+        pair.pop("rule")
+    data.pop("p2pdma")
+    data["probe"].pop("detail")
+    target.write_text(json.dumps(data))
+    document = load_topology(target)
+    assert document.schema_version == 1 and document.pairs[0].rule is None and document.profile == "p2p"
+
+
+def test_a_tampered_topology_file_is_refused(tmp_path: Path, no_ze_loader: None) -> None:
     root = build_tree(tmp_path, "b70x2-switch")
     topology(root, write=True)
     target = Path(root) / TOPOLOGY_PATH.lstrip("/")

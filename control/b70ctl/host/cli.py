@@ -73,7 +73,8 @@ def topology_command(
     profile: Annotated[str, typer.Option("--profile", help="auto, or force p2p / no-p2p for this host")] = "auto",
     tensor_parallel_size: Annotated[int | None, typer.Option(
         "--tensor-parallel-size", min=1, help="GPUs in the tensor-parallel group (default: all usable)")] = None,
-    probe: Annotated[str, typer.Option("--probe", help="auto: run ze_peer when installed; never")] = "auto",
+    probe: Annotated[str, typer.Option("--probe", help="auto: ask the Level Zero loader when installed; never")] =
+        "auto",
     write: Annotated[bool, typer.Option("--write", help=f"Write <root>{TOPOLOGY_PATH}")] = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -88,14 +89,14 @@ def topology_command(
         _print_json(result)
         return
     out = Console()
-    table = Table("pair", "relation", "common bridge", "ACS", "topology", "ze_peer", "P2P", "reason")
+    table = Table("pair", "relation", "common bridge", "ACS", "rule", "Level Zero", "P2P", "reason")
     for pair in result["pairs"]:
         probe_result = pair["probe"]["status"] if pair["probe"] else "-"
         table.add_row(f"{pair['a']}-{pair['b']}", pair["relation"], pair["common_bridge"] or "-", pair["acs"],
-                      str(pair["p2p_from_topology"]), probe_result, str(pair["p2p"]), pair["reason"])
+                      pair.get("rule") or "-", probe_result, str(pair["p2p"]), pair["reason"])
     out.print(table)
     out.print(f"profile [bold]{result['profile']}[/] ({result['profile_source']}), group {result['group']}, "
-              f"ZE_AFFINITY_MASK={result['affinity_mask']}, ze_peer {result['probe']['status']}")
+              f"ZE_AFFINITY_MASK={result['affinity_mask']}, Level Zero {result['probe']['status']}")
     for reason in result["reasons"]:
         out.print(f"  {reason}", highlight=False)
     if write:

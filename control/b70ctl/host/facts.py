@@ -184,6 +184,24 @@ def parse_meminfo_total_bytes(text: Optional[str]) -> Optional[int]:
     return int(match.group(1)) * 1024 if match else None
 
 
+def parse_cpuinfo(text: Optional[str]) -> Dict[str, Any]:
+    """vendor_id and cpu family of the first processor in /proc/cpuinfo ('cpu family' is the kernel's x86 family,
+    extended family included: 25 = 0x19 on Zen 3/4)."""
+    result: Dict[str, Any] = {"vendor_id": None, "family": None}
+    for line in (text or "").splitlines():
+        if not line.strip():
+            if result["vendor_id"] is not None:
+                break  # end of the first processor's block
+            continue
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "vendor_id" and result["vendor_id"] is None:
+            result["vendor_id"] = value
+        elif key == "cpu family" and result["family"] is None and value.isdigit():
+            result["family"] = int(value)
+    return result
+
+
 def pcie_port_type(config: Optional[bytes]) -> Optional[str]:
     """Device/port type from the PCI Express capability in config space, or None when not visible."""
     if not config or len(config) < 64:
@@ -301,6 +319,31 @@ def _pci_device(root: str, address: str) -> Dict[str, Any]:
         "ancestors": ancestors,
         "config": _read_bytes(os.path.join(real, "config")),
     }
+
+
+def _root_bus_devices(root: str) -> Dict[str, Dict[str, Any]]:
+    """Per host bridge (pciDDDD:BB), the device the kernel's P2PDMA whitelist looks at (pci_host_bridge_dev in
+    drivers/pci/p2pdma.c): the first device on the root bus when it is at devfn 00.0 or is a PCIe root port."""
+    bridges: Dict[str, Dict[str, Any]] = {}
+    devices_dir = _path(root, "/sys/devices")
+    for name in _listdir(devices_dir):
+        if not HOST_BRIDGE_DIR.match(name):
+            continue
+        functions = sorted(entry for entry in _listdir(os.path.join(devices_dir, name)) if PCI_ADDRESS.match(entry))
+        entry: Dict[str, Any] = {"address": None, "pci_id": None, "reason": "no PCI device on the root bus"}
+        if functions:
+            first = os.path.join(devices_dir, name, functions[0])
+            vendor, device = _read_hex(os.path.join(first, "vendor")), _read_hex(os.path.join(first, "device"))
+            pci_id = "%04x:%04x" % (vendor, device) if vendor is not None and device is not None else None
+            if functions[0].endswith(":00.0"):
+                entry = {"address": functions[0], "pci_id": pci_id, "reason": "devfn 00.0 of the root bus"}
+            elif pcie_port_type(_read_bytes(os.path.join(first, "config"))) == "root_port":
+                entry = {"address": functions[0], "pci_id": pci_id,
+                         "reason": "first device of the root bus is a root port"}
+            else:
+                entry["reason"] = "first device of the root bus (%s) is neither 00.0 nor a root port" % functions[0]
+        bridges[name] = entry
+    return bridges
 
 
 def _link(real: str) -> Dict[str, Any]:
@@ -522,7 +565,7 @@ def collect_facts(root: str = "/") -> Dict[str, Any]:
     for index, gpu in enumerate(discrete):
         gpu["index"] = index
     # Level Zero enumerates only devices a driver exposes, in PCI order: that index is what ZE_AFFINITY_MASK
-    # and ze_peer -s/-d take.
+    # takes.
     for level_zero_index, gpu in enumerate(gpu for gpu in discrete if gpu["xe_bound"]):
         gpu["level_zero_index"] = level_zero_index
     for gpu in discrete:
@@ -547,6 +590,9 @@ def collect_facts(root: str = "/") -> Dict[str, Any]:
         "integrated_gpus": integrated,
         "firmware_files": firmware_files,
         "warnings": _warnings(discrete, firmware_files),
+        # What the kernel's P2PDMA decides with besides the PCIe tree (topology.py).
+        "cpu": parse_cpuinfo(_read_text(_path(root, "/proc/cpuinfo"))),
+        "host_bridge_devices": _root_bus_devices(root),
     }
 
 

@@ -44,6 +44,8 @@ class PairTopology(_Model):
     p2p: bool | None
     reason: str
     probe: ProbeResult | None
+    rule: str | None = Field(None, description="The P2PDMA rule that decided (schema 2): same-switch, amd-zen, "
+                             "whitelisted-host-bridge:VVVV:DDDD, refused: ..., unknown: ...")
 
 
 class TopologyGpu(_Model):
@@ -61,11 +63,22 @@ class TopologyGpu(_Model):
 
 class ProbeState(_Model):
     tool: str | None
-    status: Literal["not_installed", "skipped", "probed", "nothing_to_probe", "available"]
+    status: Literal["not_installed", "skipped", "probed", "nothing_to_probe", "available", "init_failed", "failed"]
+    detail: str | None = None
+
+
+class P2pdmaInputs(_Model):
+    """What the kernel's P2PDMA rule looked at besides the PCIe tree (schema 2)."""
+
+    cpu_vendor: str | None
+    cpu_family: int | None
+    amd_zen: bool
+    host_bridge_devices: dict[str, str | None]
+    whitelist_source: str
 
 
 class TopologyDocument(_Model):
-    schema_version: Literal[1] = TOPOLOGY_SCHEMA_VERSION
+    schema_version: Literal[1, 2] = TOPOLOGY_SCHEMA_VERSION  # 1: written before pairs named their rule
     profile: Profile
     auto_profile: Profile
     profile_source: Literal["auto", "override"]
@@ -79,6 +92,7 @@ class TopologyDocument(_Model):
     probe: ProbeState
     gpus: list[TopologyGpu]
     pairs: list[PairTopology]
+    p2pdma: P2pdmaInputs | None = None
 
     def serve_env(self) -> dict[str, str]:
         """What the serve renderer adds for this host: the profile's oneCCL set and the device mask."""

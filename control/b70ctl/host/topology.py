@@ -5,10 +5,13 @@ Per GPU pair, from the PCIe tree in the facts (facts.py):
 - same_switch: both cards sit below one PCIe switch under one root port. P2P is possible when no bridge on the
   way from either card up to that switch redirects peer requests (ACS RR/CR/EC off); with ACS redirect on, the
   traffic goes to the root complex instead; when ACS is not readable (not root) the answer is unknown.
-- separate_root_ports / separate_host_bridges: no P2P. The kernel's P2PDMA only routes between root ports of
-  whitelisted host bridges, and B70s on separate CPU root ports were refused (FACTS.md).
-A `ze_peer -s A -d B` probe (level-zero-tests), where installed, confirms or refutes a pair: a measurement beats
-the inference. Not installed means not probed, never failed.
+- separate_root_ports / separate_host_bridges: the traffic crosses the root complex.
+Whether the kernel lets it is P2PDMA's rule (drivers/pci/p2pdma.c, calc_map_type_and_dist): no ACS redirect up to
+a shared switch -> allowed ("same-switch"); otherwise through the host bridge, allowed on any AMD Zen CPU
+(cpu_supports_p2pdma: AuthenticAMD, family >= 0x17: "amd-zen") or when both host bridges' root-bus device is in
+P2PDMA_HOST_BRIDGE_WHITELIST ("whitelisted-host-bridge:VVVV:DDDD"); else refused. Each pair names its rule.
+The Level Zero loader (level_zero.py: zeDeviceCanAccessPeer and zeDeviceGetP2PProperties, as oneCCL asks it), where
+installed, confirms or refutes a pair: the runtime's answer beats the inference. Not installed means not probed.
 
 Profile: `p2p` (the recipe's oneCCL set with CCL_TOPO_P2P_ACCESS=1) only when every pair of the tensor-parallel
 group is known to do P2P; otherwise `no-p2p` (the SIMPLE_THRESHOLD fallback confirmed on dual B70). The host
@@ -24,25 +27,67 @@ import argparse
 import itertools
 import json
 import os
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 if __package__:
+    from b70ctl.host import level_zero
     from b70ctl.host.facts import collect_facts
-else:  # run as a script next to facts.py on a host
+else:  # run as a script next to facts.py and level_zero.py on a host
+    import level_zero  # type: ignore[no-redef]
     from facts import collect_facts  # type: ignore[no-redef]
 
-TOPOLOGY_SCHEMA_VERSION = 1
+# 2: each pair names the P2PDMA rule that decided it; the document records the CPU and host bridges it used.
+TOPOLOGY_SCHEMA_VERSION = 2
 TOPOLOGY_PATH = "/etc/b70/topology.json"
 PROFILES = ("p2p", "no-p2p")
 PROFILE_CHOICES = ("auto",) + PROFILES
-ZE_PEER = "ze_peer"
-ZE_PEER_TIMEOUT_S = 300
+
+# The kernel's P2PDMA host bridge whitelist: pci_p2pdma_whitelist[] in drivers/pci/p2pdma.c, read at the PCI
+# maintainers' tree (git.kernel.org pci/pci.git, mirror kernelorg-mirror/linux_kernel_git_pci_pci) commit
+# cd2698d76c314209662455f419754a5bb7900ad2 (after v7.0; mainline's list up to 0x09a2 has been unchanged since
+# v5.12). Named ids resolved from include/linux/pci_ids.h and the drivers that defined them before
+# (drivers/dma/idxd/registers.h: DSA_SPR0 0x0b25, IAX_SPR0 0x0cfe, DSA_GNRD 0x11fb, DSA_DMR 0x1212, IAA_DMR 0x1216;
+# drivers/crypto/intel/qat/qat_common/adf_accel_devices.h: QAT_4XXX 0x4940, 401XX 0x4942, 402XX 0x4944,
+# 420XX 0x4946, 6XXX 0x4948). (vendor, device or None for any, needs both devices on the same host bridge, name)
+P2PDMA_WHITELIST_SOURCE = "drivers/pci/p2pdma.c pci_p2pdma_whitelist[] at pci/pci.git cd2698d76c31"
+P2PDMA_HOST_BRIDGE_WHITELIST: Tuple[Tuple[int, Optional[int], bool, str], ...] = (
+    (0x8086, 0x3C00, True, "Intel Xeon E5/Core i7"),
+    (0x8086, 0x3C01, True, "Intel Xeon E5/Core i7"),
+    (0x8086, 0x2F00, True, "Intel Xeon E7 v3/Xeon E5 v3/Core i7"),
+    (0x8086, 0x2F01, True, "Intel Xeon E7 v3/Xeon E5 v3/Core i7"),
+    (0x8086, 0x2030, False, "Intel Skylake-E"),
+    (0x8086, 0x2031, False, "Intel Skylake-E"),
+    (0x8086, 0x2032, False, "Intel Skylake-E"),
+    (0x8086, 0x2033, False, "Intel Skylake-E"),
+    (0x8086, 0x2020, False, "Intel Skylake-E"),
+    (0x8086, 0x09A2, False, "Intel Skylake-E list (Ice Lake-SP)"),
+    (0x8086, 0x0B25, False, "Intel DSA_SPR0"),
+    (0x8086, 0x0CFE, False, "Intel IAX_SPR0"),
+    (0x8086, 0x11FB, False, "Intel DSA_GNRD"),
+    (0x8086, 0x1212, False, "Intel DSA_DMR"),
+    (0x8086, 0x1216, False, "Intel IAA_DMR"),
+    (0x8086, 0x4940, False, "Intel QAT_4XXX"),
+    (0x8086, 0x4942, False, "Intel QAT_401XX"),
+    (0x8086, 0x4944, False, "Intel QAT_402XX"),
+    (0x8086, 0x4946, False, "Intel QAT_420XX"),
+    (0x8086, 0x4948, False, "Intel QAT_6XXX"),
+    (0x1AE0, None, False, "Google SoCs"),
+    (0x10DE, 0x2F95, False, "Nvidia CPUs"),
+    (0x10DE, 0x2F96, False, "Nvidia CPUs"),
+    (0x10DE, 0x2F97, False, "Nvidia CPUs"),
+    (0x10DE, 0x2F98, False, "Nvidia CPUs"),
+    (0x1D17, 0x1003, True, "Zhaoxin"),
+    (0x1D17, 0x1005, True, "Zhaoxin"),
+    (0x1D17, 0x1006, True, "Zhaoxin"),
+    (0x1D17, 0x1007, True, "Zhaoxin"),
+    (0x1D17, 0x1008, False, "Zhaoxin"),
+)
+# cpu_supports_p2pdma() in the same file: any AMD CPU of family 0x17 (Zen) or newer.
+AMD_VENDOR_ID = "AuthenticAMD"
+AMD_ZEN_FAMILY_MIN = 0x17
 
 # The oneCCL profiles: the single source of these env vars and docker flags (FACTS.md, "P2P and the no-P2P
 # path"). `p2p` is the PR #620 recipe's set; `no-p2p` is the fallback confirmed on dual B70 without P2P
@@ -77,7 +122,7 @@ CCL_PROFILES: Dict[str, Dict[str, Any]] = {
 
 @dataclass
 class Probe:
-    """One ze_peer run between two Level Zero devices."""
+    """The Level Zero loader's answer for one pair (both directions)."""
 
     status: str  # confirmed | refused | inconclusive | not_probed
     command: List[str] = field(default_factory=list)
@@ -101,6 +146,7 @@ class PairTopology:
     p2p: Optional[bool]
     reason: str
     probe: Optional[Probe] = None
+    rule: str = ""  # the P2PDMA rule that decided: same-switch | amd-zen | whitelisted-host-bridge:V:D | refused: .. | unknown: ..
 
 
 @dataclass
@@ -120,95 +166,98 @@ def _bridge_chain(gpu: Dict[str, Any]) -> List[Dict[str, Any]]:
     return list(gpu.get("parent_bridges") or [])
 
 
-def pair_topology(gpu_a: Dict[str, Any], gpu_b: Dict[str, Any]) -> PairTopology:
+def cpu_supports_p2pdma(cpu: Optional[Dict[str, Any]]) -> bool:
+    cpu = cpu or {}
+    return cpu.get("vendor_id") == AMD_VENDOR_ID and (cpu.get("family") or 0) >= AMD_ZEN_FAMILY_MIN
+
+
+def _whitelist_entry(pci_id: Optional[str]) -> Optional[Tuple[int, Optional[int], bool, str]]:
+    if not pci_id:
+        return None
+    vendor, device = (int(part, 16) for part in pci_id.split(":"))
+    for entry in P2PDMA_HOST_BRIDGE_WHITELIST:
+        if entry[0] == vendor and entry[1] in (None, device):
+            return entry  # the kernel stops at the first vendor/device match
+    return None
+
+
+def host_bridge_whitelisted(host_a: Optional[str], host_b: Optional[str],
+                            host_bridge_devices: Dict[str, Dict[str, Any]]) -> Tuple[bool, str]:
+    """host_bridge_whitelist(): (allowed, the root-bus device ids looked at)."""
+    ids = [(host_bridge_devices.get(host or "") or {}).get("pci_id") for host in (host_a, host_b)]
+    same = host_a == host_b
+    checked = [ids[0]] if same else ids
+    for pci_id in checked:
+        entry = _whitelist_entry(pci_id)
+        if entry is None or (entry[2] and not same):
+            return False, ", ".join(str(value) for value in checked)
+    return True, ", ".join(str(value) for value in checked)
+
+
+def pair_topology(gpu_a: Dict[str, Any], gpu_b: Dict[str, Any], cpu: Optional[Dict[str, Any]] = None,
+                  host_bridge_devices: Optional[Dict[str, Dict[str, Any]]] = None) -> PairTopology:
+    """P2PDMA's decision for one pair (calc_map_type_and_dist in drivers/pci/p2pdma.c)."""
     chain_a, chain_b = _bridge_chain(gpu_a), _bridge_chain(gpu_b)
     base = dict(a=gpu_a["index"], b=gpu_b["index"], a_address=gpu_a["pci_address"], b_address=gpu_b["pci_address"])
-    if gpu_a.get("host_bridge") != gpu_b.get("host_bridge"):
-        return PairTopology(relation="separate_host_bridges", common_bridge=None, acs="not_applicable",
-                            acs_redirect_bridges=[], acs_unknown_bridges=[], p2p_from_topology=False, p2p=False,
-                            reason="different host bridges (%s, %s): the kernel's P2PDMA refuses the route" % (
-                                gpu_a.get("host_bridge"), gpu_b.get("host_bridge")), **base)
+    host_a, host_b = gpu_a.get("host_bridge"), gpu_b.get("host_bridge")
+    amd_zen = cpu_supports_p2pdma(cpu)
+    whitelisted, root_ids = host_bridge_whitelisted(host_a, host_b, host_bridge_devices or {})
+
+    def through_host_bridge() -> Tuple[Optional[bool], str]:
+        if amd_zen:
+            return True, "amd-zen"
+        if whitelisted:
+            return True, "whitelisted-host-bridge:%s" % root_ids.split(", ")[0]
+        return False, ""
+
     shared = 0
-    while (shared < min(len(chain_a), len(chain_b))
-           and chain_a[shared]["address"] == chain_b[shared]["address"]):
-        shared += 1
+    if host_a == host_b:
+        while (shared < min(len(chain_a), len(chain_b))
+               and chain_a[shared]["address"] == chain_b[shared]["address"]):
+            shared += 1
     if shared == 0:
-        return PairTopology(relation="separate_root_ports", common_bridge=None, acs="not_applicable",
-                            acs_redirect_bridges=[], acs_unknown_bridges=[], p2p_from_topology=False, p2p=False,
-                            reason="separate root ports (%s, %s) of %s: the kernel's P2PDMA refuses "
-                                   "non-whitelisted host bridges" % (
-                                       chain_a[0]["address"] if chain_a else "?",
-                                       chain_b[0]["address"] if chain_b else "?", gpu_a.get("host_bridge")),
-                            **base)
+        relation = "separate_host_bridges" if host_a != host_b else "separate_root_ports"
+        where = ("different host bridges (%s, %s)" % (host_a, host_b) if host_a != host_b else
+                 "separate root ports (%s, %s) of %s" % (chain_a[0]["address"] if chain_a else "?",
+                                                         chain_b[0]["address"] if chain_b else "?", host_a))
+        p2p, rule = through_host_bridge()
+        if p2p:
+            reason = "%s: the kernel's P2PDMA routes through the host bridge (%s)" % (where, rule)
+        else:
+            rule = "refused: no shared upstream bridge, CPU not AMD Zen, host bridge %s not whitelisted" % root_ids
+            reason = "%s: the kernel's P2PDMA refuses non-whitelisted host bridges (root-bus device %s, CPU %s)" % (
+                where, root_ids, (cpu or {}).get("vendor_id") or "unknown")
+        return PairTopology(relation=relation, common_bridge=None, acs="not_applicable", acs_redirect_bridges=[],
+                            acs_unknown_bridges=[], p2p_from_topology=p2p, p2p=p2p, reason=reason, rule=rule, **base)
     common = chain_a[shared - 1]["address"]
-    # Peer requests climb from each card to the shared switch; any bridge on the way with ACS redirect on
-    # sends them to the root complex instead (the kernel checks the same bits: RR, CR, EC).
-    below = chain_a[shared:] + chain_b[shared:]
-    redirect = [bridge["address"] for bridge in below if bridge["acs"]["state"] == "redirect"]
-    unknown = [bridge["address"] for bridge in below if bridge["acs"]["state"] == "unknown"]
+    # Peer requests climb from each card to the shared switch; any bridge on the way (the shared one included, as
+    # the kernel walks it) with ACS redirect on sends them to the root complex instead (RR, CR, EC bits).
+    path = chain_a[shared:] + [chain_a[shared - 1]] + chain_b[shared:]
+    redirect = [bridge["address"] for bridge in path if bridge["acs"]["state"] == "redirect"]
+    unknown = [bridge["address"] for bridge in path if bridge["acs"]["state"] == "unknown"]
+    host_p2p, host_rule = through_host_bridge()
     if redirect:
-        acs, p2p, reason = "redirect", False, "share the switch below %s but ACS redirect is on at %s: peer " \
-            "traffic is sent to the root complex (disable ACS, e.g. keep the IOMMU off)" % (common, ", ".join(redirect))
+        acs = "redirect"
+        p2p, rule = (True, host_rule) if host_p2p else (False, "refused: ACS redirect at %s and the host bridge route "
+                                                                 "is not allowed" % ", ".join(redirect))
+        reason = "share the switch below %s but ACS redirect is on at %s: peer traffic is sent to the root complex" \
+                 "%s" % (common, ", ".join(redirect), " (%s allows that route)" % host_rule if host_p2p else
+                         " (disable ACS, e.g. keep the IOMMU off)")
     elif unknown:
-        acs, p2p, reason = "unknown", None, "share the switch below %s; ACS state not readable at %s (read config " \
-            "space as root, or confirm with ze_peer)" % (common, ", ".join(unknown))
+        acs = "unknown"
+        p2p, rule = (True, host_rule) if host_p2p else (None, "unknown: ACS not readable at %s" % ", ".join(unknown))
+        reason = "share the switch below %s; ACS state not readable at %s (read config space as root, or confirm " \
+                 "with Level Zero)" % (common, ", ".join(unknown))
     else:
-        acs, p2p, reason = "off", True, "share the switch below %s with ACS redirect off" % common
+        acs, p2p, rule = "off", True, "same-switch"
+        reason = "share the switch below %s with ACS redirect off" % common
     return PairTopology(relation="same_switch", common_bridge=common, acs=acs, acs_redirect_bridges=redirect,
-                        acs_unknown_bridges=unknown, p2p_from_topology=p2p, p2p=p2p, reason=reason, **base)
+                        acs_unknown_bridges=unknown, p2p_from_topology=p2p, p2p=p2p, reason=reason, rule=rule, **base)
 
 
-def all_pairs(gpus: Sequence[Dict[str, Any]]) -> List[PairTopology]:
-    return [pair_topology(a, b) for a, b in itertools.combinations(gpus, 2)]
-
-
-# ---------------------------------------------------------------- pure: ze_peer output
-
-_ERROR_MARKERS = ("ERROR", "ZE_RESULT_ERROR", "terminate called", "no peer devices", "Segmentation fault")
-_GBPS_TABLE_ROW = re.compile(r"^\s*\d+\s*[KMG]?B?\s*[|:]\s*([0-9]+(?:\.[0-9]+)?)\s*$")
-_FLOAT = re.compile(r"[0-9]+\.[0-9]+|[0-9]+")
-
-
-def parse_ze_peer_output(output: str, exit_code: Optional[int]) -> Tuple[str, Optional[float], str]:
-    """(status, peak GB/s, detail) from ze_peer's stdout+stderr. Bandwidth appears as ' Device(0)->Device(1):
-    GBPS 21.5' (old), 'BW [GBPS]:  256 MB:    21.34' (1.x), or rows under a ' Size   | BW [GBPS] ' header."""
-    error_lines = [line.strip() for line in output.splitlines() if any(m in line for m in _ERROR_MARKERS)]
-    figures: List[float] = []
-    in_table = False
-    for line in output.splitlines():
-        if "BW [GBPS]" in line and not _FLOAT.search(line.split("BW [GBPS]")[1]):
-            in_table = True  # the header of a size | bandwidth table
-            continue
-        if "GBPS" in line:
-            numbers = _FLOAT.findall(line.split("GBPS", 1)[1])
-            if numbers:
-                figures.append(float(numbers[-1]))
-            continue
-        if in_table:
-            row = _GBPS_TABLE_ROW.match(line)
-            if row:
-                figures.append(float(row.group(1)))
-            elif line.strip():
-                in_table = False
-    peak = max(figures) if figures else None
-    if exit_code not in (0, None) or error_lines:
-        detail = error_lines[0] if error_lines else "ze_peer exited with %s" % exit_code
-        return "refused", peak, detail
-    if peak is not None and peak > 0:
-        return "confirmed", peak, "peer copies ran at up to %.2f GB/s" % peak
-    return "inconclusive", peak, "ze_peer printed no bandwidth figure"
-
-
-def run_ze_peer(tool: str, source: int, destination: int, timeout_s: float = ZE_PEER_TIMEOUT_S) -> Probe:
-    command = [tool, "-s", str(source), "-d", str(destination)]
-    try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return Probe("inconclusive", command, None, None, "ze_peer did not finish in %d s" % timeout_s)
-    except OSError as error:
-        return Probe("inconclusive", command, None, None, "ze_peer could not run: %s" % error)
-    status, peak, detail = parse_ze_peer_output(completed.stdout + "\n" + completed.stderr, completed.returncode)
-    return Probe(status, command, completed.returncode, peak, detail)
+def all_pairs(gpus: Sequence[Dict[str, Any]], cpu: Optional[Dict[str, Any]] = None,
+              host_bridge_devices: Optional[Dict[str, Dict[str, Any]]] = None) -> List[PairTopology]:
+    return [pair_topology(a, b, cpu, host_bridge_devices) for a, b in itertools.combinations(gpus, 2)]
 
 
 # ---------------------------------------------------------------- pure: the decision
@@ -275,7 +324,7 @@ def decide(gpus: Sequence[Dict[str, Any]], pairs: List[PairTopology], tensor_par
 
 def _pair_evidence(pair: PairTopology) -> str:
     if pair.probe is not None and pair.probe.status in ("confirmed", "refused"):
-        return "ze_peer %s: %s" % (pair.probe.status, pair.probe.detail)
+        return "Level Zero %s: %s" % (pair.probe.status, pair.probe.detail)
     return pair.reason
 
 
@@ -291,27 +340,35 @@ def apply_probe(pair: PairTopology, probe: Probe) -> None:
 # ---------------------------------------------------------------- the whole analysis (facts -> document)
 
 def analyse(facts: Dict[str, Any], tensor_parallel_size: Optional[int] = None, profile: str = "auto",
-            probe: str = "auto", ze_peer: Optional[str] = None) -> Dict[str, Any]:
+            probe: str = "auto", ze_loader: Optional[str] = None) -> Dict[str, Any]:
     """The topology document: pairs, the chosen group and profile, the profile's env and docker flags.
-    probe: 'auto' runs ze_peer on the candidate group's pairs when it is on PATH; 'never' skips it."""
+    probe: 'auto' asks the Level Zero loader (ze_loader, else $B70CTL_ZE_LOADER, else libze_loader.so.1) about the
+    candidate group's pairs; 'never' keeps the kernel rule's answer alone. A missing loader or a failing zeInit
+    leaves the kernel rule's answer and says why in probe.detail."""
     gpus = facts["gpus"]
-    pairs = all_pairs(gpus)
-    tool = ze_peer or shutil.which(ZE_PEER)
-    probe_state = {"tool": tool, "status": "not_installed" if tool is None else "available"}
-    if probe == "never":
-        probe_state["status"] = "skipped"
-    elif tool is not None:
+    pairs = all_pairs(gpus, facts.get("cpu"), facts.get("host_bridge_devices"))
+    tool = level_zero.loader_path(ze_loader)
+    probe_state: Dict[str, Any] = {"tool": tool, "status": "skipped", "detail": None}
+    if probe != "never":
         pairs_by_index = {(pair.a, pair.b): pair for pair in pairs}
         candidate = decide(gpus, pairs, tensor_parallel_size).group
-        # Probe the group the topology would pick (or the first group): Level Zero indices, not PCI order.
-        level_zero = {gpu["index"]: gpu.get("level_zero_index") for gpu in gpus}
-        probed = 0
-        for a, b in itertools.combinations(candidate, 2):
-            if level_zero.get(a) is None or level_zero.get(b) is None:
-                continue
-            apply_probe(pairs_by_index[(a, b)], run_ze_peer(tool, level_zero[a], level_zero[b]))
-            probed += 1
-        probe_state["status"] = "probed" if probed else "nothing_to_probe"
+        by_index = {gpu["index"]: gpu for gpu in gpus}
+        wanted = [(a, b) for a, b in itertools.combinations(candidate, 2)]
+        if not wanted:
+            probe_state["status"] = "nothing_to_probe"
+        else:
+            addresses = [(by_index[a]["pci_address"], by_index[b]["pci_address"]) for a, b in wanted]
+            try:
+                answers = level_zero.peer_access(addresses, ze_loader)
+            except level_zero.LevelZeroUnavailable as error:
+                probe_state.update(status=error.status, detail=error.detail + ": the kernel's P2PDMA rule decides")
+            else:
+                for (a, b), key in zip(wanted, addresses):
+                    answer = answers[key]
+                    apply_probe(pairs_by_index[(a, b)], Probe(answer["status"], [
+                        tool, "zeDeviceCanAccessPeer", "zeDeviceGetP2PProperties", key[0], key[1]], None, None,
+                        answer["detail"]))
+                probe_state["status"] = "probed"
     decision = decide(gpus, pairs, tensor_parallel_size, profile)
     by_index = {gpu["index"]: gpu for gpu in gpus}
     chosen = CCL_PROFILES[decision.profile]
@@ -335,6 +392,14 @@ def analyse(facts: Dict[str, Any], tensor_parallel_size: Optional[int] = None, p
             "numa_node": gpu["numa_node"], "card": gpu["card"], "render": gpu["render"], "xe_bound": gpu["xe_bound"],
         } for gpu in gpus],
         "pairs": [asdict(pair) for pair in pairs],
+        "p2pdma": {
+            "cpu_vendor": (facts.get("cpu") or {}).get("vendor_id"),
+            "cpu_family": (facts.get("cpu") or {}).get("family"),
+            "amd_zen": cpu_supports_p2pdma(facts.get("cpu")),
+            "host_bridge_devices": {name: entry.get("pci_id") for name, entry in
+                                    sorted((facts.get("host_bridge_devices") or {}).items())},
+            "whitelist_source": P2PDMA_WHITELIST_SOURCE,
+        },
     }
 
 
@@ -368,9 +433,9 @@ def write_topology(root: str, document: Dict[str, Any]) -> bool:
 
 
 def topology(root: str = "/", tensor_parallel_size: Optional[int] = None, profile: str = "auto",
-             probe: str = "auto", write: bool = False, ze_peer: Optional[str] = None) -> Dict[str, Any]:
+             probe: str = "auto", write: bool = False, ze_loader: Optional[str] = None) -> Dict[str, Any]:
     """Read facts under root, decide, optionally write; the result carries `changed` (Ansible convention)."""
-    document = analyse(collect_facts(root), tensor_parallel_size, profile, probe, ze_peer)
+    document = analyse(collect_facts(root), tensor_parallel_size, profile, probe, ze_loader)
     changed = write_topology(root, document) if write else False
     result = dict(document)
     result["changed"] = changed
