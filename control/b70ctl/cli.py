@@ -4,10 +4,13 @@ result: rich for people, --json for machines. Exit codes: 0 ok, 1 a check failed
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -16,6 +19,9 @@ from rich.table import Table
 from b70ctl.errors import BadInput
 from b70ctl.recipes import load_recipe, recipe_names
 from b70ctl.report.verdict import describe_bound
+
+if TYPE_CHECKING:
+    from b70ctl.checks.client import Endpoint
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 recipes_app = typer.Typer(no_args_is_help=True, help="The recipes b70ctl ships.")
@@ -78,14 +84,53 @@ def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name or path t
 def read_api_key(api_key_file: Path | None) -> str | None:
     """The API key from a file (mode 0600 recommended) or B70CTL_API_KEY; never from argv, never printed."""
     if api_key_file is None:
-        return os.environ.get("B70CTL_API_KEY") or None
+        key = os.environ.get("B70CTL_API_KEY") or None
+        return None if key is None else checked_api_key(key.strip(), "B70CTL_API_KEY")
     try:
-        key = api_key_file.read_text().strip()
+        key = api_key_file.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as error:
+        raise BadInput(f"--api-key-file {api_key_file}: not UTF-8 text: write the key as plain text") from error
     except OSError as error:
         raise BadInput(f"--api-key-file {api_key_file}: {error.strerror}: give a readable file holding the key")
     if not key:
         raise BadInput(f"--api-key-file {api_key_file}: the file is empty: write the key into it")
+    return checked_api_key(key, f"--api-key-file {api_key_file}")
+
+
+def checked_api_key(key: str, where: str) -> str:
+    """A key goes into an HTTP header: one line of visible ASCII. The message never quotes it."""
+    if "\n" in key or "\r" in key:
+        raise BadInput(f"{where}: the API key must be one line, it holds a line break: keep only the key")
+    if not all("!" <= character <= "~" for character in key):
+        raise BadInput(f"{where}: the API key must be printable ASCII without spaces or control characters: "
+                       "keep only the key")
     return key
+
+
+def endpoint_of(url: str, option: str, **settings: object) -> Endpoint:
+    """An Endpoint from a URL the user typed: http(s), a host, a valid port; a user and password in it are sent
+    as basic auth and taken out of the URL, so they never reach a report or a message."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from b70ctl.checks.client import Endpoint
+
+    shown = re.sub(r"//[^/@]*@", "//***@", url)
+    if any(ord(character) <= 32 or ord(character) == 127 for character in url):
+        raise BadInput(f"{option} {shown!r}: holds a space or control character: give a URL like http://host:8000")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        raise BadInput(f"{option} {shown!r}: not a valid URL ({str(error).split(':')[0]}): give a URL like "
+                       "http://host:8000") from error
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadInput(f"{option} {shown!r}: give an http:// or https:// URL with a host, like http://host:8000")
+    if port == 0:
+        raise BadInput(f"{option} {shown!r}: port 0 is not a server's port")
+    basic_auth = (parts.username or "", parts.password or "") if parts.username or parts.password else None
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return Endpoint(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)),
+                    basic_auth=basic_auth, **settings)  # type: ignore[arg-type]
 
 
 @app.command()
@@ -109,17 +154,20 @@ def verify(
 
     Exit 0 when every check passed and no claim was missed, 1 when something failed, 2 on bad input or an
     unreachable server."""
-    from b70ctl.checks.client import Endpoint, VllmClient
+    from b70ctl.checks.client import VllmClient
     from b70ctl.checks.correctness import record_reference as record
     from b70ctl.verify import VerifyRequest
     from b70ctl.verify import verify as run_verify
 
+    if not math.isfinite(timeout) or timeout <= 0:
+        fail(f"--timeout {timeout:g}: give the seconds a request may stall, a number above 0")
     loaded = load_recipe(recipe)
     key = read_api_key(api_key_file)
-    target = Endpoint(endpoint, model=model, api_key=key, timeout_s=timeout)
+    target = endpoint_of(endpoint, "--endpoint", model=model, api_key=key, timeout_s=timeout)
+    baseline = (endpoint_of(baseline_endpoint, "--baseline-endpoint", api_key=key, timeout_s=timeout)
+                if baseline_endpoint else None)
     if record_reference is not None:
-        with VllmClient(Endpoint(endpoint, model=model or loaded.serve.served_model_name, api_key=key,
-                                 timeout_s=timeout)) as client:
+        with VllmClient(replace(target, model=model or loaded.serve.served_model_name)) as client:
             from b70ctl.verify import require_reachable
 
             require_reachable(client, "endpoint")
@@ -134,7 +182,7 @@ def verify(
         fail(f"--check {sorted(unknown)[0]}: unknown check; choose smoke, correctness or throughput")
     request = VerifyRequest(
         recipe=loaded, endpoint=target, out_dir=out,
-        baseline_endpoint=Endpoint(baseline_endpoint, api_key=key, timeout_s=timeout) if baseline_endpoint else None,
+        baseline_endpoint=baseline,
         reference_path=reference, host_facts_path=host_facts, checks=checks)
     with console.status("verifying", spinner="dots") as status:
         report = run_verify(request, progress=lambda message: status.update(message))

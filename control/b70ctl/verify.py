@@ -92,6 +92,8 @@ def require_reachable(client: VllmClient, what: str) -> list[str]:
     try:
         return client.models()
     except EndpointError as error:
+        if error.answered:
+            raise BadInput(f"{what} {client.endpoint.base_url}: {error.reason}") from error
         raise BadInput(f"{what} {client.endpoint.base_url} unreachable: {error.reason}: check the URL and that "
                        "the server is up (/health)") from error
 

@@ -86,6 +86,7 @@ class ScriptedServer(ThreadingHTTPServer):
         self.sent: list[SentStream] = []
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (path, body) of every POST
         self.speculates = True
+        self.request_histograms = True  # False: a server that exports no per-request timing
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generation": 0}
         # Histogram name -> [sum, count], observed once per finished request like vLLM's.
         self.histograms: dict[str, list[float]] = {name: [0.0, 0.0] for name in HISTOGRAMS}
@@ -159,7 +160,7 @@ class ScriptedServer(ThreadingHTTPServer):
                 lines += [f"# TYPE {name} counter", f"{name}{{{labels}}} {float(self.counters[key])}"]
             lines += ["# TYPE vllm:prompt_tokens_cached_total counter",
                       f"vllm:prompt_tokens_cached_total{{{labels}}} {float(self.prompt_tokens_cached)}"]
-            for name, (total, count) in self.histograms.items():
+            for name, (total, count) in (self.histograms.items() if self.request_histograms else ()):
                 lines += [f"# TYPE {name} histogram", f"{name}_sum{{{labels}}} {total}",
                           f'{name}_bucket{{{labels},le="+Inf"}} {count}', f"{name}_count{{{labels}}} {count}"]
             if self.speculates:

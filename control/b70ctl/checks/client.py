@@ -18,12 +18,14 @@ Api = Literal["completions", "chat"]
 
 
 class EndpointError(Exception):
-    """The server could not be reached or answered with an error. `reason` is one line for the report."""
+    """The server could not be reached or answered with an error. `reason` is one line for the report;
+    `answered` tells a server that answered (wrongly) from one that could not be reached."""
 
-    def __init__(self, reason: str, status_code: int | None = None):
+    def __init__(self, reason: str, status_code: int | None = None, answered: bool | None = None):
         super().__init__(reason)
         self.reason = reason
         self.status_code = status_code
+        self.answered = status_code is not None if answered is None else answered
 
 
 @dataclass
@@ -67,6 +69,8 @@ class Endpoint:
     model: str | None = None  # served model name; discovered from /v1/models when None
     api_key: str | None = field(default=None, repr=False)  # never printed
     timeout_s: float = 60.0  # connect and between two chunks: a stream that stalls longer fails
+    # user and password taken out of the URL (http://user:pw@host): sent as basic auth, never printed
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)
 
 
 class VllmClient:
@@ -78,6 +82,7 @@ class VllmClient:
             headers=headers,
             timeout=httpx.Timeout(endpoint.timeout_s),
             transport=transport,
+            auth=httpx.BasicAuth(*endpoint.basic_auth) if endpoint.basic_auth and not endpoint.api_key else None,
         )
         self._model = endpoint.model
 
@@ -119,13 +124,36 @@ class VllmClient:
 
     def models(self) -> list[str]:
         response = self.get("/v1/models")
+        if response.status_code in (401, 403):
+            raise EndpointError(f"GET /v1/models: HTTP {response.status_code}: {self._refused()}",
+                                response.status_code)
         if response.status_code != 200:
             raise EndpointError(f"GET /v1/models: HTTP {response.status_code}: {_error_text(response)}",
                                 response.status_code)
-        names = [entry.get("id") for entry in response.json().get("data", [])]
+        not_vllm = "not vLLM's model list: check that the URL and port are the vLLM server's"
+        try:
+            answer = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            kind = response.headers.get("content-type", "no content type").split(";")[0]
+            raise EndpointError(f"GET /v1/models: the answer is not JSON ({kind}), {not_vllm}", 200) from error
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if not isinstance(answer, dict):
+            raise EndpointError(f"GET /v1/models: the answer is a JSON {type(answer).__name__}, {not_vllm}", 200)
+        if not isinstance(data, list):
+            raise EndpointError(f"GET /v1/models: the answer has no data list, {not_vllm}", 200)
+        names = [entry.get("id") if isinstance(entry, dict) else None for entry in data]
+        if any(not isinstance(name, str) or not name for name in names):
+            raise EndpointError(f"GET /v1/models: a model entry has no id string, {not_vllm}", 200)
         if not names:
-            raise EndpointError("GET /v1/models: the server lists no model")
+            raise EndpointError("GET /v1/models: the server lists no model", 200)
         return names
+
+    def _refused(self) -> str:
+        if self.endpoint.api_key:
+            return "the server refused the API key: check --api-key-file or B70CTL_API_KEY"
+        if self.endpoint.basic_auth:
+            return "the server refused the user and password in the URL: give the key with --api-key-file"
+        return "the server needs an API key: give it with --api-key-file or B70CTL_API_KEY"
 
     def metrics_text(self) -> str:
         response = self.get("/metrics")
@@ -220,11 +248,14 @@ def _ingest(result: StreamResult, event: dict[str, Any], t_s: float) -> None:
 
 
 def _describe(error: httpx.HTTPError) -> str:
+    """Never the error's own text: a protocol error quotes the request's headers, the API key among them."""
     if isinstance(error, httpx.ConnectError):
         return "connection refused or host unreachable"
     if isinstance(error, httpx.TimeoutException):
         return "timed out"
-    return f"{error.__class__.__name__}: {error}"
+    if isinstance(error, httpx.RemoteProtocolError):
+        return "the server hung up or broke the HTTP protocol (RemoteProtocolError)"
+    return f"the request failed ({error.__class__.__name__})"
 
 
 def _error_text(response: httpx.Response) -> str:

@@ -118,7 +118,7 @@ class PromptSource:
             return workload.prompts[index % len(workload.prompts)]
         seed_text = workload.prompts[0] if workload.prompts else DEFAULT_PROMPT_SEED
         return synthesize_prompt_token_ids(self.client, workload.prompt_tokens, seed_text,
-                                           marker=f"Request {self.run_marker}-{index}:")
+                                           marker=f"{index} {self.run_marker}:")
 
 
 def _run_workload(client: VllmClient, workload: Workload, raw_dir: Path, report: Progress) -> WorkloadResult:

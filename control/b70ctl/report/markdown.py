@@ -1,6 +1,7 @@
 """report.md: the replication evidence of one endpoint, shaped like the independent replication in seed 000
 (configuration, short benchmark, sustained acceptance-friendly decode, natural text, correctness and stability,
-edge cases) with a verdict per claim and the raw numbers behind each."""
+edge cases) with a verdict per claim and the raw numbers behind each. It opens with one table shaped like the
+llama-benchy table B70 users paste into issues, and a headline that names what failed."""
 
 from __future__ import annotations
 
@@ -27,6 +28,72 @@ def _summary_row(label: str, summary: Summary | None, unit: str) -> str:
             f"{summary.mad:.2f} | {summary.ci_low:.2f} .. {summary.ci_high:.2f} | {summary.n} |")
 
 
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _workload_verdict(report: Report, workload: str) -> str:
+    verdicts = [v.verdict for v in report.verdicts if v.metric.startswith(f"throughput.{workload}.")]
+    if not verdicts:
+        return "–"
+    for verdict in ("not_met", "not_measured"):
+        if verdict in verdicts:
+            return VERDICT_MARK[verdict]
+    return VERDICT_MARK["met"]
+
+
+def summary_table(report: Report) -> list[str]:
+    """One row per workload: what llama-benchy prints (t/s, peak, TTFT), plus per-token ITL and acceptance."""
+    lines = ["| workload | t/s | peak t/s | TTFT ms | ITL ms | acceptance | mean acceptance length | n | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for workload in report.throughput.workloads if report.throughput else []:
+        spec = workload.spec_decode if workload.spec_decode and not workload.spec_decode.polluted else None
+        decode = workload.decode_tok_s
+        lines.append(
+            f"| {workload.name} | {_fmt(decode.median if decode else None)} "
+            f"| {_fmt(workload.peak_tok_s.median if workload.peak_tok_s else None)} "
+            f"| {_ms(workload.ttft_s.median * 1000 if workload.ttft_s else None)} "
+            f"| {_ms(workload.itl_ms.median_ms if workload.itl_ms else None)} "
+            f"| {_fmt(spec.acceptance_rate * 100 if spec and spec.acceptance_rate is not None else None, 1)}"
+            f"{'%' if spec and spec.acceptance_rate is not None else ''} "
+            f"| {_fmt(spec.mean_acceptance_length if spec else None)} | {len(workload.requests)} "
+            f"| {_workload_verdict(report, workload.name)} |")
+    return lines
+
+
+def failed_items(report: Report) -> list[str]:
+    """What keeps the run from passing, each named: failed checks and sub-checks, claims not met or not measured."""
+    items: list[str] = []
+    if report.smoke is not None and not report.smoke.passed:
+        items.append("smoke (" + ", ".join(c.name for c in report.smoke.checks if not c.passed) + ")")
+    if report.correctness is not None and not report.correctness.passed:
+        items.append(f"correctness ({report.correctness.identical}/{report.correctness.total} identical)")
+    if report.throughput is not None and not report.throughput.passed:
+        failed = [w.name for w in report.throughput.workloads if w.error or not w.requests
+                  or w.token_count_mismatches]
+        items.append("throughput (" + (", ".join(failed) or "no workload") + ")")
+    items += [f"claim {v.claim_id} {'not met' if v.verdict == 'not_met' else 'not measured'}"
+              for v in report.verdicts if v.verdict != "met"]
+    return items
+
+
+def _timing_lines(result: WorkloadResult) -> list[str]:
+    lines = []
+    if result.timing_source == "engine":
+        lines.append("Timed on the engine's clock (vLLM's per-request histograms around each request).")
+    if result.timing_note:
+        lines.append(f"**{result.timing_note}.**")
+    if result.distorted_requests:
+        reasons = [r.delivery_reason for r in result.requests if r.delivery == "distorted" and r.delivery_reason]
+        lines.append(f"**Delivery distorted in {result.distorted_requests} of {len(result.requests)} requests** "
+                     f"(e.g. {reasons[0] if reasons else 'arrivals disagree with the engine'}): their client "
+                     "figures are kept in report.json and left out of peak and ITL.")
+    if result.prompt_tokens_cached:
+        lines.append(f"**{result.prompt_tokens_cached} prompt tokens came from the prefix cache: the prefill figure "
+                     "measured the cache and is not judged.**")
+    return lines + [""] if lines else []
+
+
 def _workload(result: WorkloadResult) -> list[str]:
     lines = [f"### {WORKLOAD_TITLES.get(result.name, result.name)}", "", f"{result.description}. "
              f"max_tokens {result.max_tokens}, temperature {result.temperature:g}"
@@ -35,11 +102,21 @@ def _workload(result: WorkloadResult) -> list[str]:
         lines += [f"**Stopped:** {result.error}", ""]
     lines += ["| figure | median | min | max | MAD | 95% CI of median | n |", "|---|---|---|---|---|---|---|",
               _summary_row("decode", result.decode_tok_s, "tok/s"),
+              _summary_row("decode as delivered (client)", result.client_decode_tok_s, "tok/s"),
               _summary_row("peak, 1 s window", result.peak_tok_s, "tok/s"),
               _summary_row("TTFT", result.ttft_s, "s")]
     if result.prefill_tok_s is not None:
         lines.append(_summary_row("prefill", result.prefill_tok_s, "tok/s"))
     lines.append("")
+    latencies = [(label, value) for label, value in (("ITL per token, client", result.itl_ms),
+                                                     ("time per output token, engine", result.engine_tpot_ms))
+                 if value is not None]
+    if latencies:
+        lines += ["| latency | median ms | p90 ms | p99 ms | n |", "|---|---|---|---|---|"]
+        lines += [f"| {label} | {value.median_ms:.2f} | {value.p90_ms:.2f} | {value.p99_ms:.2f} | {value.n} |"
+                  for label, value in latencies]
+        lines.append("")
+    lines += _timing_lines(result)
     if not result.converged and result.requests:
         lines += [f"The median's confidence interval did not reach the target width within "
                   f"{len(result.requests)} requests.", ""]
@@ -62,19 +139,27 @@ def _workload(result: WorkloadResult) -> list[str]:
 def render_markdown(report: Report, recipe: Recipe) -> str:
     env = report.environment
     spec = recipe.serve.speculative
+    failed = failed_items(report)
     status = "PARTIAL — " + (report.partial_reason or "stopped early") if report.partial else (
-        "all checks passed" if report.passed else "some checks failed")
+        "all checks passed" if report.passed else "failed: " + "; ".join(failed or ["see below"]))
     met = sum(v.verdict == "met" for v in report.verdicts)
     lines = [
         f"# Replication report: {recipe.name}", "",
         f"**{status}.** Claims met: {met} of {len(report.verdicts)}.", "",
+    ]
+    if report.throughput is not None and report.throughput.workloads:
+        lines += summary_table(report) + [""]
+    lines += [
         "## Configuration", "",
         f"- Recipe: `{recipe.name}` — {recipe.description}",
         f"- Endpoint: {report.endpoint}" + (f"; baseline: {report.baseline}" if report.baseline else ""),
         f"- Served model: {env.served_model or '–'}; vLLM {env.vllm_version or '–'}",
-        "- Speculative decoding: " + (f"{spec.method}, k={spec.num_speculative_tokens}"
-                                       + (f", {spec.draft_sample_method}" if spec.draft_sample_method else "")
-                                       if spec else "none"),
+        "- Speculative decoding (recipe): " + (f"{spec.method}, k={spec.num_speculative_tokens}"
+                                                + (f", {spec.draft_sample_method}" if spec.draft_sample_method
+                                                   else "") if spec else "none"),
+        "- Speculative decoding (served, from its counters): " + (
+            "–" if env.served_speculative_positions is None else
+            f"k={env.served_speculative_positions}" if env.served_speculative_positions else "none"),
         f"- Serve: TP={recipe.serve.tensor_parallel_size}, dtype {recipe.serve.dtype}, max_model_len "
         f"{recipe.serve.max_model_len}",
     ]
@@ -84,6 +169,8 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
         if value:
             lines.append(f"- {label}: {value}")
     lines += [f"- Run: {report.started_at:%Y-%m-%d %H:%M:%S} UTC, b70ctl {report.tool_version}", ""]
+    if env.serve_command:
+        lines += ["Serve command:", "", "```", env.serve_command, "```", ""]
 
     lines += ["## Verdicts", "", "| claim | required | measured | verdict | source |", "|---|---|---|---|---|"]
     for verdict in report.verdicts:
