@@ -365,3 +365,194 @@ def _empty(directory: Path) -> Path:
 @pytest.mark.parametrize("case", DRAFTER_CASES, ids=lambda case: case.id)
 def test_drafter_dirs(case: Case, tmp_path: Path) -> None:
     run_case(case, tmp_path)
+
+
+# --- endpoints that misbehave, API keys, URLs ---------------------------------------------------------------
+
+
+class Misbehaving:
+    """A local HTTP server answering each path with a fixed (status, content type, body); it records the
+    Authorization header of every request."""
+
+    def __init__(self, routes: dict[str, tuple[int, str, bytes]]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.routes = routes
+        self.authorizations: list[str | None] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self) -> None:
+                server.authorizations.append(self.headers.get("Authorization"))
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                status, content_type, body = server.routes.get(self.path.split("?")[0],
+                                                               (404, "application/json", b'{"detail":"Not Found"}'))
+                if status == 0:  # hang up without an answer
+                    self.close_connection = True
+                    return
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer  # noqa: N815
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> Misbehaving:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+SECRET = "sk-hostile-4f1e9d"
+JSON = "application/json"
+
+
+def _models(body: bytes, status: int = 200, content_type: str = JSON) -> dict[str, tuple[int, str, bytes]]:
+    return {"/v1/models": (status, content_type, body), "/health": (200, "text/plain", b"")}
+
+
+GOOD_MODELS = _models(b'{"object":"list","data":[{"id":"tiny-qwen3","object":"model"}]}')
+
+
+@dataclass(frozen=True)
+class EndpointCase:
+    id: str
+    routes: dict[str, tuple[int, str, bytes]] | None  # None: nothing listens
+    args: Callable[[str, Path], list[str]]  # (server url, work dir) -> extra arguments
+    exit_code: int
+    message: str
+    key_file: bytes | None = None
+    env: dict[str, str] | None = None
+    secret_never_shown: str | None = None  # must not appear in stdout, stderr or any file
+
+
+def _verify_args(url: str, work: Path, *extra: str) -> list[str]:
+    return ["verify", "--endpoint", url, "--recipe", "cpu-tiny", "--check", "smoke", "--out", str(work / "out"),
+            "--timeout", "5", *extra]
+
+
+def _with_key(url: str, work: Path) -> list[str]:
+    return _verify_args(url, work, "--api-key-file", str(work / "key"))
+
+
+def _userinfo(url: str, work: Path) -> list[str]:
+    return _verify_args(url.replace("http://", "http://admin:hunter2pw@"), work)
+
+
+ENDPOINT_CASES = [
+    EndpointCase("key-with-lf", GOOD_MODELS, _with_key, 2, r"API key must be one line", key_file=SECRET.encode() + b"\nX-Evil: 1\n",
+                 secret_never_shown=SECRET),
+    EndpointCase("key-with-cr", GOOD_MODELS, _with_key, 2, r"API key must be one line", key_file=SECRET.encode() + b"\rinjected",
+                 secret_never_shown=SECRET),
+    EndpointCase("key-with-control", GOOD_MODELS, _with_key, 2, r"API key .*printable",
+                 key_file=SECRET.encode() + b"\x01", secret_never_shown=SECRET),
+    EndpointCase("key-with-space", GOOD_MODELS, _with_key, 2, r"API key .*printable",
+                 key_file=SECRET.encode() + b" x", secret_never_shown=SECRET),
+    EndpointCase("key-not-utf8", GOOD_MODELS, _with_key, 2, r"not UTF-8", key_file=b"\xff\xfe" + SECRET.encode()),
+    EndpointCase("key-non-ascii", GOOD_MODELS, _with_key, 2, r"API key .*printable",
+                 key_file=(SECRET + "é").encode(), secret_never_shown=SECRET),
+    EndpointCase("key-empty", GOOD_MODELS, _with_key, 2, r"empty", key_file=b"\n"),
+    EndpointCase("key-file-missing", GOOD_MODELS, _with_key, 2, r"No such file"),
+    EndpointCase("key-env-with-lf", GOOD_MODELS, lambda u, w: _verify_args(u, w), 2, r"B70CTL_API_KEY: the API key must be one line",
+                 env={"B70CTL_API_KEY": SECRET + "\nX-Evil: 1"}, secret_never_shown=SECRET),
+    EndpointCase("key-refused-401", _models(b'{"error":"Unauthorized"}', 401), _with_key, 2,
+                 r"refused the API key", key_file=SECRET.encode(), secret_never_shown=SECRET),
+    EndpointCase("key-refused-403", _models(b'{"error":"Forbidden"}', 403), _with_key, 2,
+                 r"refused the API key", key_file=SECRET.encode(), secret_never_shown=SECRET),
+    EndpointCase("key-missing-401", _models(b'{"error":"Unauthorized"}', 401), lambda u, w: _verify_args(u, w), 2,
+                 r"needs an API key"),
+    EndpointCase("userinfo-refused-401", _models(b'{"error":"Unauthorized"}', 401), _userinfo, 2,
+                 r"refused", secret_never_shown="hunter2pw"),
+    EndpointCase("userinfo-unreachable", None, _userinfo, 2, r"unreachable", secret_never_shown="hunter2pw"),
+    EndpointCase("models-html", _models(b"<html><body>It works!</body></html>", content_type="text/html"),
+                 _verify_args, 2, r"/v1/models.*not JSON.*vLLM"),
+    EndpointCase("models-json-list", _models(b'[{"id": "tiny-qwen3"}]'), _verify_args, 2,
+                 r"/v1/models.*not .*vLLM"),
+    EndpointCase("models-entry-without-id", _models(b'{"data":[{"name":"tiny-qwen3"}]}'), _verify_args, 2,
+                 r"/v1/models.*id"),
+    EndpointCase("models-id-not-string", _models(b'{"data":[{"id":7}]}'), _verify_args, 2, r"/v1/models.*id"),
+    EndpointCase("models-data-not-list", _models(b'{"data":"tiny-qwen3"}'), _verify_args, 2, r"/v1/models.*data"),
+    EndpointCase("models-entry-not-object", _models(b'{"data":["tiny-qwen3"]}'), _verify_args, 2, r"/v1/models"),
+    EndpointCase("models-empty", _models(b'{"data":[]}'), _verify_args, 2, r"lists no model"),
+    EndpointCase("models-truncated-json", _models(b'{"data":[{"id":'), _verify_args, 2, r"/v1/models.*not JSON"),
+    EndpointCase("models-http-500", _models(b'{"error":"boom"}', 500), _verify_args, 2, r"HTTP 500"),
+    EndpointCase("models-hang-up", _models(b"", 0), _verify_args, 2, r"unreachable"),
+    EndpointCase("models-other-model", _models(b'{"data":[{"id":"other"}]}'), _verify_args, 2, r"not the recipe's"),
+    EndpointCase("nothing-listens", None, _verify_args, 2, r"unreachable"),
+    EndpointCase("url-unclosed-bracket", None, lambda u, w: _verify_args("http://[::1", w), 2, r"--endpoint .*URL"),
+    EndpointCase("url-no-scheme", None, lambda u, w: _verify_args("b70-a:8000", w), 2, r"--endpoint .*http"),
+    EndpointCase("url-ftp", None, lambda u, w: _verify_args("ftp://b70-a:8000", w), 2, r"--endpoint .*http"),
+    EndpointCase("url-bad-port", None, lambda u, w: _verify_args("http://b70-a:99999", w), 2, r"--endpoint .*(?i:port)"),
+    EndpointCase("url-newline", None, lambda u, w: _verify_args("http://b70-a:8000\n/x", w), 2, r"--endpoint"),
+    EndpointCase("baseline-url-bad", None, lambda u, w: _verify_args(GOOD_URL, w, "--baseline-endpoint", "http://[::1"),
+                 2, r"--baseline-endpoint .*URL"),
+    EndpointCase("timeout-zero", None, lambda u, w: _verify_args(GOOD_URL, w, "--timeout", "0"), 2, r"--timeout"),
+    EndpointCase("timeout-negative", None, lambda u, w: _verify_args(GOOD_URL, w, "--timeout", "-3"), 2,
+                 r"--timeout"),
+    EndpointCase("timeout-nan", None, lambda u, w: _verify_args(GOOD_URL, w, "--timeout", "nan"), 2, r"--timeout"),
+    EndpointCase("timeout-inf", None, lambda u, w: _verify_args(GOOD_URL, w, "--timeout", "inf"), 2, r"--timeout"),
+    EndpointCase("unknown-check", None, lambda u, w: _verify_args(GOOD_URL, w, "--check", "speed"), 2,
+                 r"unknown check"),
+]
+GOOD_URL = "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize("case", ENDPOINT_CASES, ids=lambda case: case.id)
+def test_endpoints(case: EndpointCase, tmp_path: Path) -> None:
+    import contextlib
+
+    work = tmp_path / "case"
+    work.mkdir()
+    if case.key_file is not None:
+        (work / "key").write_bytes(case.key_file)
+        (work / "key").chmod(0o600)
+    with Misbehaving(case.routes or {}) if case.routes is not None else contextlib.nullcontext() as server:
+        url = server.url if server is not None else GOOD_URL
+        before = snapshot(tmp_path)
+        outcome = run_b70ctl(case.args(url, work), case.env)
+    assert_one_line_error(outcome, case.exit_code, case.message)
+    # A refused run may leave an empty --out (it was checked to be writable), never a report.
+    assert_left_clean(tmp_path, before, [work / "out", tmp_path / "xdg-cache"])
+    assert not (work / "out" / "report.json").exists()
+    if case.secret_never_shown:
+        shown = outcome.stdout + outcome.stderr + "".join(
+            p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file() and p.name != "key")
+        assert case.secret_never_shown not in shown
+    if server is not None and case.key_file and case.exit_code == 2 and "refused" not in case.message:
+        assert not [a for a in server.authorizations if a and SECRET in a], "a bad key was sent"
+
+
+def test_userinfo_in_endpoint_never_reaches_the_report(tmp_path):
+    """http://user:pw@host is sent as basic auth; the report, report.md and raw/ name the host only."""
+    from scripted_server import ScriptedServer
+
+    with ScriptedServer() as served:
+        url = served.url.replace("http://", "http://admin:hunter2pw@")
+        outcome = run_b70ctl(["verify", "--endpoint", url, "--recipe", "cpu-tiny", "--model", "scripted",
+                              "--check", "smoke", "--out", str(tmp_path / "out"), "--timeout", "5"])
+    assert outcome.code in (0, 1), outcome.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["endpoint"] == served.url
+    written = "".join(p.read_text(errors="replace") for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert "hunter2pw" not in written + outcome.stdout + outcome.stderr
+    assert "admin" not in written
