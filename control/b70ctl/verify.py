@@ -38,7 +38,7 @@ Progress = Callable[[str], None]
 # Host facts (b70ctl host facts --json, or the appliance's collected facts) mapped onto the report's
 # Environment. Missing keys stay None: a bare endpoint tells little about its host.
 HOST_FACT_FIELDS = tuple(name for name in Environment.model_fields
-                         if name not in ("served_model", "vllm_version", "extra"))
+                         if name not in ("served_model", "served_speculative_positions", "vllm_version", "extra"))
 
 
 @dataclass

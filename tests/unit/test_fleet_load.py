@@ -46,7 +46,7 @@ def test_schema_0_is_upgraded(tmp_path):
     assert isinstance(loaded, LoadedReport), loaded
     report = loaded.report
     assert loaded.upgraded_from == 0
-    assert report.schema_version == 1
+    assert report.schema_version == 2
     # Moved from the top level into environment; what schema 0 never knew stays unknown.
     assert report.environment.vllm_version == "0.21.1.dev0"
     assert report.environment.served_model == "qwen3.8-27b-fp8"
@@ -71,7 +71,7 @@ def test_explicit_schema_0_key_is_the_same_layout(tmp_path):
     assert isinstance(loaded, LoadedReport) and loaded.upgraded_from == 0
 
 
-@pytest.mark.parametrize("version", [2, 7, -1, "1", 1.5, None, [1]])
+@pytest.mark.parametrize("version", [3, 7, -1, "1", 1.5, None, [1]])
 def test_unknown_schema_version_is_refused_with_the_reason(tmp_path, report_json, version):
     data = json.loads(report_json)
     data["schema_version"] = version
@@ -80,7 +80,7 @@ def test_unknown_schema_version_is_refused_with_the_reason(tmp_path, report_json
     assert problem.kind == "unknown_schema_version"
     assert "schema_version" in problem.reason and str(tmp_path) in problem.reason
     if version == 7:
-        assert "unknown to this b70ctl (it reads 0..1)" in problem.reason
+        assert "unknown to this b70ctl (it reads 0..2)" in problem.reason
 
 
 def test_every_prefix_of_a_report_is_truncated(tmp_path, report_json):

@@ -47,7 +47,7 @@ class UnreachableMarker(BaseModel):
 
 
 # Environment fields that are not facts of a host: the model the endpoint serves, and the free-form rest.
-NOT_HOST_FACTS = ("served_model", "extra")
+NOT_HOST_FACTS = ("served_model", "served_speculative_positions", "extra")
 
 
 class _IgnoreOtherKeys(BaseModel):

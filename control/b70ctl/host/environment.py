@@ -9,6 +9,7 @@ the host_facts.json that `b70ctl verify --host-facts` and the fleet report read.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,6 +30,8 @@ class HostBundle(BaseModel):
     image: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/image.json")
     models: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/models.json")
     compute_runtime: str | None = Field(None, description="Installed version of Intel's Level Zero GPU driver")
+    serve: dict[str, Any] = Field(default_factory=dict, description="`b70ctl serve render` output of the measured "
+                                                                     "server (/etc/b70/serve.json)")
 
 
 def _firmware_version(facts: dict[str, Any], kind: str) -> str | None:
@@ -42,6 +45,17 @@ def _firmware_version(facts: dict[str, Any], kind: str) -> str | None:
 def _revision(models: dict[str, Any], role: str) -> str | None:
     entry = models.get(role)
     return str(entry["revision"]) if isinstance(entry, dict) and entry.get("revision") else None
+
+
+def serve_command_line(rendered: dict[str, Any]) -> str | None:
+    """The rendered server as one shell line a person can read and re-run: env assignments, then the vLLM
+    arguments (the API key is never among them: it travels in a file)."""
+    argv = rendered.get("argv")
+    if not isinstance(argv, list) or not argv:
+        return None
+    env = rendered.get("env") if isinstance(rendered.get("env"), dict) else {}
+    assignments = [f"{name}={shlex.quote(str(value))}" for name, value in sorted(env.items())]
+    return " ".join([*assignments, "vllm", "serve", *(shlex.quote(str(arg)) for arg in argv)])
 
 
 def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environment:
@@ -61,4 +75,5 @@ def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environm
         gpu_count=facts.get("gpu_count") if facts else None,
         gpu_model=", ".join(f"{count}x {name}" for name, count in sorted(by_model.items())) or None,
         p2p_profile=bundle.topology.get("profile"),
+        serve_command=serve_command_line(bundle.serve),
     )
