@@ -153,7 +153,7 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
                 report.correctness = run_correctness(client, recipe, baseline, raw_dir)
                 writer.save()
             if "throughput" in request.checks:
-                report.throughput = run_throughput(client, recipe, raw_dir, progress=say)
+                report.throughput = run_throughput(client, recipe, raw_dir, progress=say, baseline=baseline_client)
                 writer.save()
         except KeyboardInterrupt:
             report.partial_reason = "interrupted"

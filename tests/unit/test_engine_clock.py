@@ -241,3 +241,29 @@ def test_a_schema_1_report_reads_as_client_timed(tmp_path):
     assert workload_result.timing_source == "client" and "schema 1" in workload_result.timing_note
     assert workload_result.requests[0].client_decode_tok_s == 80.0
     assert workload_result.requests[0].delivery == "unchecked"
+
+
+def test_a_ratio_claim_compares_the_endpoint_with_the_baseline_measured_in_the_same_run(servers, tmp_path):
+    served, baseline = servers
+    served.scripts["go"] = STEADY  # 50 tok/s on the engine
+    # The target-only baseline decodes the same 33 tokens over 1.28 s: 25 tok/s.
+    baseline.scripts["go"] = Script(ttft_s=0.1, offsets_s=[0.04 * k for k in range(33)], tokens_per_chunk=[1] * 33)
+    speedup = Claim(id="speedup", description="speculation beats the target alone",
+                    metric="throughput.short.decode_tok_s.median",
+                    divided_by="throughput.short_baseline.decode_tok_s.median", op=">=", value=1.5, source="test")
+    base = recipe(speedup)
+    on_baseline = workload("short_baseline", "go", max_tokens=33, max_requests=2, min_requests=2, server="baseline")
+    report = run(base.model_copy(update={"workloads": [*base.workloads, on_baseline]}), served, baseline, tmp_path)
+    verdict = report.verdicts[0]
+    assert verdict.verdict == "met" and verdict.measured == pytest.approx(2.0, rel=1e-9)
+    assert verdict.metric.endswith("/ throughput.short_baseline.decode_tok_s.median")
+    # The baseline workload's requests went to the baseline, none of the endpoint's.
+    assert len([s for s in baseline.sent if s.prompt == "go"]) == 2
+
+
+def test_a_baseline_workload_without_a_baseline_server_is_not_measured(server, tmp_path):
+    on_baseline = workload("short_baseline", "go", server="baseline")
+    with client_for(server) as client:
+        result = run_throughput(client, recipe_with(on_baseline), tmp_path / "raw")
+    assert result.workloads[0].error.startswith("runs on the target-only baseline: pass --baseline-endpoint")
+    assert not result.passed and server.sent == []

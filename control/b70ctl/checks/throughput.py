@@ -70,11 +70,19 @@ class WorkloadFailed(Exception):
         self.reason = reason
 
 
-def run_throughput(client: VllmClient, recipe: Recipe, raw_dir: Path,
-                   progress: Progress | None = None) -> ThroughputResult:
-    """Run every workload of the recipe. A failing workload records its error and the next one still runs."""
+def run_throughput(client: VllmClient, recipe: Recipe, raw_dir: Path, progress: Progress | None = None,
+                   baseline: VllmClient | None = None) -> ThroughputResult:
+    """Run every workload of the recipe, each on the server it names (the endpoint, or the target-only baseline).
+    A failing workload records its error and the next one still runs."""
     report = progress or (lambda _message: None)
-    workloads = [_run_workload(client, workload, Path(raw_dir), report) for workload in recipe.workloads]
+    workloads = []
+    for workload in recipe.workloads:
+        if workload.server == "baseline" and baseline is None:
+            workloads.append(summarize_workload(workload, [], [], converged=False, error=(
+                "runs on the target-only baseline: pass --baseline-endpoint (a reference file has no timing)")))
+            continue
+        server = baseline if workload.server == "baseline" and baseline is not None else client
+        workloads.append(_run_workload(server, workload, Path(raw_dir), report))
     passed = bool(workloads) and all(
         w.error is None and w.requests and w.token_count_mismatches == 0 for w in workloads
     )

@@ -119,6 +119,9 @@ class Workload(Strict):
     max_tokens: int = Field(ge=2)
     temperature: float = Field(0.0, ge=0)
     ignore_eos: bool = True
+    server: Literal["endpoint", "baseline"] = Field(
+        "endpoint", description="Where the workload runs: the served endpoint, or the target-only baseline, so a "
+                                "claim can compare the two measured in the same run")
     warmup_requests: int = Field(1, ge=0)
     min_requests: int = Field(3, ge=1)
     max_requests: int = Field(10, ge=1)
@@ -159,11 +162,14 @@ class Tolerance(Strict):
 
 
 class Claim(Strict):
-    """A published figure the recipe must reproduce. `metric` is a key of the report's measurements."""
+    """A published figure the recipe must reproduce. `metric` is a key of the report's measurements; with
+    `divided_by` the claim is on the ratio of two of them (e.g. the speculative rate over the target-only rate
+    measured in the same run, which holds on any machine where a bound in tok/s would not)."""
 
     id: str
     description: str
     metric: str
+    divided_by: str | None = None
     op: Literal[">=", "<=", "between", "per_position"]
     value: float | None = None
     low: float | None = None
@@ -178,6 +184,8 @@ class Claim(Strict):
         missing = [name for name in needed[self.op] if getattr(self, name) is None]
         if missing:
             raise ValueError(f"claim {self.id!r} with op {self.op!r} needs {', '.join(missing)}")
+        if self.divided_by is not None and self.op == "per_position":
+            raise ValueError(f"claim {self.id!r}: divided_by takes one figure, not per-position rates")
         return self
 
 

@@ -26,10 +26,18 @@ def judge(claim: Claim, measurements: Measurements) -> ClaimVerdict:
     """met / not_met / not_measured, with the figure and the reason. The tolerance widens the bound in the
     measurement's favour: a replication on another host is not expected to hit the published figure exactly."""
     measured = measurements.get(claim.metric)
-    base = {"claim_id": claim.id, "description": claim.description, "metric": claim.metric,
+    missing = claim.metric if measured is None else None
+    if claim.divided_by is not None and measured is not None:
+        denominator = measurements.get(claim.divided_by)
+        if not isinstance(denominator, (int, float)) or isinstance(measured, list) or denominator <= 0:
+            missing, measured = claim.divided_by, None
+        else:
+            measured = float(measured) / float(denominator)
+    metric = claim.metric if claim.divided_by is None else f"{claim.metric} / {claim.divided_by}"
+    base = {"claim_id": claim.id, "description": claim.description, "metric": metric,
             "bound": describe_bound(claim), "source": claim.source, "measured": measured}
     if measured is None:
-        return ClaimVerdict(verdict="not_measured", reason=f"no measurement {claim.metric} in this run", **base)
+        return ClaimVerdict(verdict="not_measured", reason=f"no measurement {missing} in this run", **base)
 
     tol = claim.tolerance
     if claim.op == "per_position":
