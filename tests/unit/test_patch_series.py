@@ -144,20 +144,20 @@ def test_later_hunk_failure_is_named(pristine_copy):
     assert failure is not None
     assert (failure.patch, failure.file, failure.hunk) == (
         "0005-dflash-proposer-dspark.patch", "vllm/v1/spec_decode/dflash.py", 3)
-    assert failure.hunk_header == "@@ -68,6 +92,113 @@"
-    assert "hunk #3 (@@ -68,6 +92,113 @@) of vllm/v1/spec_decode/dflash.py" in failure.message()
+    assert failure.hunk_header == "@@ -68,6 +96,117 @@"
+    assert "hunk #3 (@@ -68,6 +96,117 @@) of vllm/v1/spec_decode/dflash.py" in failure.message()
 
 
 def test_cli_check_passes_and_fails_with_exit_codes(pristine, pristine_copy, series_copy, monkeypatch, capsys):
     runner = CliRunner()
-    ok = runner.invoke(app, ["image", "patches", "check", "--series", str(SERIES), "--json"])
+    ok = runner.invoke(app, ["image", "patches", "check", "--series", str(SERIES), "--pristine-only", "--json"])
     assert ok.exit_code == 0, ok.output
     report = json.loads(ok.stdout)
     assert report["applied"] == EXPECTED_PATCHES and report["failure"] is None
 
     utils = pristine_copy / "vllm/v1/spec_decode/utils.py"
     utils.write_text(utils.read_text().replace("is_sample = is_query & (query_off > 0)", "is_sample = is_query"))
-    failed = runner.invoke(app, ["image", "patches", "check", "--series", str(SERIES),
+    failed = runner.invoke(app, ["image", "patches", "check", "--series", str(SERIES), "--pristine-only",
                                  "--vllm-source", str(pristine_copy)])
     assert failed.exit_code == 1
     assert "0001-dflash-readout-fix.patch" in failed.output
@@ -165,7 +165,8 @@ def test_cli_check_passes_and_fails_with_exit_codes(pristine, pristine_copy, ser
 
     patch = series_copy.parent / "0001-dflash-readout-fix.patch"
     patch.write_text(patch.read_text() + "\n")
-    monkeypatch.setattr(sys, "argv", ["b70ctl", "image", "patches", "check", "--series", str(series_copy)])
+    monkeypatch.setattr(sys, "argv", ["b70ctl", "image", "patches", "check", "--series", str(series_copy),
+                                      "--pristine-only"])
     with pytest.raises(SystemExit) as refused:
         main()
     assert refused.value.code == 2
@@ -247,13 +248,26 @@ def test_ported_heads_match_native_0320(patched, native, with_markov, logit_scal
         torch.testing.assert_close(torch.sigmoid(ported_logit), torch.sigmoid(native_logit), rtol=1e-5, atol=1e-6)
 
 
-def test_confidence_truncation_keeps_the_surviving_prefix(patched):
+def test_confidence_truncation_follows_pr620s_per_position_rule(patched):
+    """PR #620 (intel/llm-scaler, vllm/patches/qwen38-dflash/dflash.py, _truncate_by_confidence): keep =
+    conf >= threshold per position; length = cumprod(keep).sum(), clamped to at least DSPARK_MIN_DRAFT_TOKENS."""
     truncate = ported_proposer_functions(patched)["dspark_truncate_by_confidence"]
-    drafts = torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34]])
-    confidence = torch.tensor([[0.9, 0.9, 0.5, 0.9],   # survival .9 .81 .405 -> 2 kept at 0.5
-                               [0.2, 0.9, 0.9, 0.9],   # .2 below already: keep 1 (never 0)
+    drafts = torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34], [41, 42, 43, 44]])
+    confidence = torch.tensor([[0.9, 0.9, 0.5, 0.9],   # every position >= 0.5 (0.5 included): all 4 (a running
+                               #                         product of survival would have stopped after 2)
+                               [0.2, 0.9, 0.9, 0.9],   # position 0 below: clamped to the minimum
+                               [0.9, 0.6, 0.4, 0.9],   # the first position below ends the draft; 0.9 after it too
                                [1.0, 0.99, 0.99, 0.99]])
-    assert truncate(drafts, confidence, 0.5) == [[11, 12], [21], [31, 32, 33, 34]]
+    assert truncate(drafts, confidence, 0.5) == [[11, 12, 13, 14], [21], [31, 32], [41, 42, 43, 44]]
+    assert truncate(drafts, confidence, 0.5, 3) == [[11, 12, 13, 14], [21, 22, 23], [31, 32, 33], [41, 42, 43, 44]]
+    assert truncate(drafts, confidence, 0.5, 0) == truncate(drafts, confidence, 0.5)  # never below one token
+
+
+def test_adaptive_block_reads_pr620s_variables(patched):
+    dflash = (patched / "vllm/v1/spec_decode/dflash.py").read_text()
+    for name in ('"DSPARK_ADAPTIVE_BLOCK"', '"DSPARK_CONF_THRESHOLD"', '"DSPARK_MIN_DRAFT_TOKENS"'):
+        assert name in dflash
+    assert "DSPARK_DEFAULT_CONFIDENCE_THRESHOLD = 0.5" in dflash  # PR #620's default
 
 
 # --- the ported DSparkDraftModel, hosted by the installed vLLM 0.32.0 ----------------------------------------------

