@@ -103,3 +103,21 @@ def check_command(
     _print_json(report.model_dump(mode="json"))
     if not report.ok:
         raise typer.Exit(1)
+
+
+@app.command("status")
+def status_command(
+    recipe: RecipeOption,
+    lock: LockOption = None,
+    allow_unresolved: Annotated[bool, typer.Option(
+        "--allow-unresolved", help="Exit 0 on an unresolved lock (the message still says it is unresolved)")] = False,
+) -> None:
+    """Print as JSON whether the recipe's lock is resolved; if not, the command that resolves it and the network it
+    needs. Exit 1 on an unresolved lock unless --allow-unresolved."""
+    from b70ctl.lock.status import lock_status
+
+    loaded, locked, path = load_recipe_and_lock(recipe, lock)
+    result = lock_status(loaded, locked, path, recipe, allow_unresolved)
+    _print_json(result)
+    if not result["ok"]:
+        raise typer.Exit(1)

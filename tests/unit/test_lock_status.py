@@ -1,0 +1,57 @@
+"""`b70ctl lock status`, what preflight asks before any change: the shipped B70 locks are unresolved (their JSON
+carries no revision and no digest), cpu-tiny's is resolved by generation (its models are a generator spec, its
+base image is built on the host)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from b70ctl.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "control" / "b70ctl" / "recipes" / "data"
+
+
+def _status(*args: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(app, ["lock", "status", *args])
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_shipped_b70_locks_pin_nothing_downloadable_and_cpu_tiny_is_generated():
+    for name in ("pr620-fp8-tp2", "dspark-int4-tp1"):
+        lock = json.loads((DATA / f"{name}.lock.json").read_text())
+        assert lock["resolved"] is False
+        assert lock["target"]["revision"] is None and lock["drafter"]["revision"] is None
+        assert lock["image"]["base_digest"] is None and lock["image"]["digest"] is None
+    tiny = json.loads((DATA / "cpu-tiny.lock.json").read_text())
+    assert tiny["resolved"] is True
+    assert tiny["target"]["generated"]["generator"] == "b70ctl.models.tiny" and tiny["image"]["local_build"] is True
+
+
+def test_an_unresolved_lock_fails_naming_the_command_and_the_network():
+    code, status = _status("--recipe", "pr620-fp8-tp2")
+    assert code == 1
+    assert status["resolved"] is False and status["ok"] is False
+    assert status["resolve_command"] == "b70ctl lock resolve --recipe pr620-fp8-tp2"
+    assert [item["part"] for item in status["unresolved"]] == ["image", "target", "drafter"]
+    message = status["message"]
+    assert "run `b70ctl lock resolve --recipe pr620-fp8-tp2` on the controller" in message
+    # The base image is on Docker Hub (intel/llm-scaler-vllm), the models on the Hugging Face hub.
+    assert "registry-1.docker.io" in message and "for intel/llm-scaler-vllm:0.21.0-b3.1" in message
+    assert "Hugging Face hub https://huggingface.co" in message
+
+
+def test_opting_in_goes_on_and_still_says_so():
+    code, status = _status("--recipe", "dspark-int4-tp1", "--allow-unresolved")
+    assert code == 0
+    assert status["ok"] is True and status["resolved"] is False
+    assert "is NOT resolved" in status["message"] and "preflight_allow_unresolved_lock is true" in status["message"]
+
+
+def test_a_resolved_lock_passes():
+    code, status = _status("--recipe", "cpu-tiny")
+    assert code == 0
+    assert status == {**status, "resolved": True, "ok": True, "unresolved": [], "resolve_command": None}
