@@ -65,6 +65,9 @@ def diagnose_lines(catalogue: Catalogue, lines: Sequence[LogLine], logs: Sequenc
                    profile: str | None = None, profile_source: str | None = None,
                    auto_profile: str | None = None) -> Diagnosis:
     matches = [found for signature in catalogue.signatures if (found := match_signature(signature, lines))]
+    matched = {match.id for match in matches}
+    unless = {signature.id: set(signature.unless) for signature in catalogue.signatures}
+    matches = [match for match in matches if not unless[match.id] & matched]
     failures = [m for m in matches if m.severity == "failure"]
     return Diagnosis(logs=list(logs), lines_read=len(lines), failures=failures,
                      harmless=[m for m in matches if m.severity == "harmless"],

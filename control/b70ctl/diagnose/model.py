@@ -65,6 +65,8 @@ class Signature(_Model):
     patterns: list[Pattern] = Field(min_length=1)
     # Each of these must also match some line read, anywhere, for the signature to be reported.
     requires: list[Pattern] = Field(default_factory=list)
+    # Not reported when one of these (more specific) signatures matched: it would only repeat them.
+    unless: list[str] = Field(default_factory=list)
     meaning: str
     fix: Fix
     sources: list[Source] = Field(min_length=1)
@@ -92,6 +94,10 @@ class Catalogue(_Model):
             if signature.id in seen:
                 raise ValueError(f"duplicate signature id {signature.id}")
             seen.add(signature.id)
+        for signature in self.signatures:
+            unknown = set(signature.unless) - seen
+            if unknown:
+                raise ValueError(f"{signature.id}: unless names unknown signature {sorted(unknown)[0]}")
         return self
 
 

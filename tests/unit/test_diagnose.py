@@ -1,0 +1,290 @@
+"""b70ctl diagnose: the catalogue against logs quoted from outside sources and logs captured from real vLLM CPU
+(tests/fixtures/diagnose/README.md says where each came from), the topology contradiction, the journal and SSH
+collection, and the command's exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from b70ctl.cli import app
+from b70ctl.diagnose import diagnose_lines, load_catalogue, load_catalogue_file
+from b70ctl.diagnose.catalogue import catalogue_path
+from b70ctl.diagnose.collect import (collect_unit, kernel_log_argv, log_window, read_log, ssh_settings,
+                                     unit_log_argv)
+from b70ctl.errors import BadInput
+from b70ctl.host.topology import TOPOLOGY_PATH, topology
+from sysfs_trees import build_tree
+
+B70CTL = str(Path(sys.executable).with_name("b70ctl"))
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "diagnose"
+
+# Each fixture and exactly the catalogue ids it must produce (failures and harmless alike).
+EXPECTED: dict[str, set[str]] = {
+    "quoted/ze-ipc-no-p2p.log": {"ze-ipc-open-invalid-argument"},
+    "quoted/hc-mult.log": {"dspark-drafter-routed-to-deepseek-v4"},
+    "quoted/dspark-arch-unsupported.log": {"dspark-architecture-unsupported", "specforge-remote-code-warning"},
+    "quoted/adaptive-gdn.log": {"adaptive-verification-gdn"},
+    "quoted/esimd-bf16-query.log": {"esimd-page-attn-bf16-query"},
+    "quoted/esimd-norm-gemv.log": {"esimd-norm-gemv-fp16-only"},
+    "quoted/fp8-kv-esimd.log": {"fp8-kv-cache-esimd-crash"},
+    "quoted/device-lost.log": {"device-lost-memory-profiling"},
+    "quoted/tp2-hang.log": {"tp2-hang"},
+    "quoted/stale-ipc.log": {"stale-ipc-handle-page-fault"},
+    "quoted/host-oom-kernel.log": {"host-oom-killed"},
+    "quoted/setvars-missing.log": {"oneapi-environment-not-sourced"},
+    "quoted/garbage-report.json": {"silent-garbage-output"},
+    "quoted/specforge-warning.log": {"specforge-remote-code-warning"},
+    "quoted/lspci-2-5gts.log": {"pcie-link-2-5gts-cosmetic"},
+    "quoted/ccl-narrow-affinity.log": {"ccl-narrow-affinity-warning"},
+    "quoted/killed-sigkill.log": {"engine-killed-by-signal"},
+    "quoted/dflash-renamed-arch.log": {"architecture-not-supported"},
+    "real/missing-model.log": {"model-path-missing"},
+}
+REAL_EXPECTED_PATH = FIXTURES / "real" / "expected.json"
+
+
+def expected_fixtures() -> dict[str, set[str]]:
+    """The quoted fixtures above plus the real captures, whose expected ids are recorded beside them."""
+    expected = dict(EXPECTED)
+    if REAL_EXPECTED_PATH.is_file():
+        expected.update({name: set(ids) for name, ids in json.loads(REAL_EXPECTED_PATH.read_text()).items()})
+    return expected
+
+
+def diagnose_file(name: str, **profile):
+    return diagnose_lines(load_catalogue(), read_log(str(FIXTURES / name)), [name], **profile)
+
+
+def found_ids(diagnosis) -> set[str]:
+    return {match.id for match in diagnosis.failures + diagnosis.harmless}
+
+
+@pytest.mark.parametrize("name", sorted(expected_fixtures()))
+def test_each_fixture_names_exactly_its_failures(name: str) -> None:
+    assert found_ids(diagnose_file(name)) == expected_fixtures()[name]
+
+
+def test_every_catalogue_entry_has_a_fixture() -> None:
+    covered = set().union(*expected_fixtures().values())
+    assert {signature.id for signature in load_catalogue().signatures} == covered
+
+
+def test_every_fixture_is_described_in_the_readme() -> None:
+    readme = (FIXTURES / "README.md").read_text()
+    missing = [name for name in expected_fixtures() if Path(name).name not in readme]
+    assert not missing
+
+
+def test_a_healthy_real_serve_log_matches_nothing() -> None:
+    healthy = FIXTURES / "real" / "healthy.log"
+    text = healthy.read_text()
+    assert "SpecDecoding metrics" in text and "POST /v1/completions" in text  # it is the log it claims to be
+    diagnosis = diagnose_file("real/healthy.log")
+    assert diagnosis.lines_read > 50
+    assert diagnosis.failures == [] and diagnosis.harmless == []
+
+
+def test_evidence_names_the_line_and_the_fix_comes_from_the_entry() -> None:
+    diagnosis = diagnose_file("quoted/ze-ipc-no-p2p.log")
+    [match] = diagnosis.failures
+    assert [line.number for line in match.evidence] == [8]
+    assert match.fix.profile == "no-p2p"
+    assert match.fix.env["CCL_SYCL_ALLTOALL_TMP_BUF"] == "1"
+
+
+def test_requires_keeps_a_signature_quiet_without_its_context() -> None:
+    # The same ESIMD crash line without the fp8 KV cache line is not the FP8 KV failure.
+    lines = [line for line in read_log(str(FIXTURES / "quoted/fp8-kv-esimd.log")) if "fp8" not in line.text]
+    assert "fp8-kv-cache-esimd-crash" not in found_ids(diagnose_lines(load_catalogue(), lines, ["x"]))
+
+
+def test_kernel_patterns_read_only_kernel_lines() -> None:
+    # The OOM killer's kernel line, pasted without the journal's "kernel:" prefix, is not a kernel line.
+    lines = read_log(str(FIXTURES / "quoted/host-oom-kernel.log"))
+    kinds = {line.number: line.kind for line in lines}
+    assert kinds[1] == kinds[2] == "kernel" and kinds[3] == "serve"
+
+
+# ---------------------------------------------------------------- the catalogue file is validated
+
+def _write_catalogue(tmp_path: Path, mutate) -> Path:
+    data = yaml.safe_load(catalogue_path().read_text())
+    mutate(data)
+    path = tmp_path / "catalogue.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["signatures"][0]["patterns"][0].update(regex="(unclosed"), "not a regular expression"),
+    (lambda d: d["signatures"].append(d["signatures"][0]), "duplicate signature id"),
+    (lambda d: d["signatures"][-1]["fix"].update(kind="env"), "harmless entry's fix kind must be none"),
+    (lambda d: d["signatures"][0]["patterns"][0].update(kinds=["dmesg"]), "signatures.0.patterns.0.kinds.0"),
+    (lambda d: d["signatures"][0].pop("sources"), "signatures.0.sources"),
+    (lambda d: d["signatures"][0].update(unless=["no-such-entry"]), "unless names unknown signature no-such-entry"),
+])
+def test_a_bad_catalogue_is_refused_with_the_field(tmp_path: Path, mutate, message: str) -> None:
+    with pytest.raises(BadInput, match=message.replace("(", r"\(").replace(".", r"\.")):
+        load_catalogue_file(_write_catalogue(tmp_path, mutate))
+
+
+# ---------------------------------------------------------------- topology contradiction
+
+def _topology_file(tmp_path: Path, scenario: str, profile: str) -> Path:
+    root = build_tree(tmp_path, scenario)
+    topology(root, 2, profile=profile, probe="never", write=True)
+    return Path(root) / TOPOLOGY_PATH.lstrip("/")
+
+
+def test_no_p2p_host_forced_to_p2p_contradicts_the_catalogue(tmp_path: Path) -> None:
+    forced = _topology_file(tmp_path, "b70x2-root-ports", "p2p")
+    result = CliRunner().invoke(app, ["diagnose", "--log", str(FIXTURES / "quoted/ze-ipc-no-p2p.log"),
+                                      "--topology", str(forced), "--json"])
+    assert result.exit_code == 1
+    [contradiction] = json.loads(result.stdout)["contradictions"]
+    assert contradiction["signature"] == "ze-ipc-open-invalid-argument" and contradiction["profile"] == "p2p"
+    assert "no-p2p" in contradiction["text"]
+
+
+def test_forced_p2p_on_a_no_p2p_host_is_named_before_it_fails(tmp_path: Path) -> None:
+    forced = _topology_file(tmp_path, "b70x2-root-ports", "p2p")
+    result = CliRunner().invoke(app, ["diagnose", "--log", str(FIXTURES / "real/healthy.log"),
+                                      "--topology", str(forced), "--json"])
+    assert result.exit_code == 1
+    assert [c["signature"] for c in json.loads(result.stdout)["contradictions"]] == ["ze-ipc-open-invalid-argument"]
+
+
+def test_the_topology_s_own_profile_contradicts_nothing(tmp_path: Path) -> None:
+    for scenario in ("b70x2-root-ports", "b70x2-switch"):
+        chosen = _topology_file(tmp_path / scenario, scenario, "auto")
+        result = CliRunner().invoke(app, ["diagnose", "--log", str(FIXTURES / "real/healthy.log"),
+                                          "--topology", str(chosen), "--json"])
+        assert result.exit_code == 0, result.stdout
+        assert json.loads(result.stdout)["contradictions"] == []
+
+
+# ---------------------------------------------------------------- the command
+
+def test_exit_codes_and_json() -> None:
+    runner = CliRunner()
+    failing = runner.invoke(app, ["diagnose", "--log", str(FIXTURES / "quoted/adaptive-gdn.log"), "--json"])
+    assert failing.exit_code == 1
+    assert [m["id"] for m in json.loads(failing.stdout)["failures"]] == ["adaptive-verification-gdn"]
+    healthy = runner.invoke(app, ["diagnose", "--log", str(FIXTURES / "real/healthy.log")])
+    assert healthy.exit_code == 0 and "no known failure" in healthy.stdout
+    harmless_only = runner.invoke(app, ["diagnose", "--log", str(FIXTURES / "quoted/specforge-warning.log")])
+    assert harmless_only.exit_code == 0 and "harmless" in harmless_only.stdout
+
+
+def test_human_output_prints_failure_evidence_and_fix() -> None:
+    result = CliRunner().invoke(app, ["diagnose", "--log", str(FIXTURES / "quoted/esimd-bf16-query.log")])
+    assert result.exit_code == 1
+    assert "FAILURE esimd-page-attn-bf16-query" in result.stdout
+    assert "esimd-bf16-query.log:1:" in result.stdout
+    assert "DISABLE_ESIMD_PAGE_ATTN=1" in result.stdout
+
+
+def test_stdin_is_read_with_dash() -> None:
+    text = (FIXTURES / "quoted/tp2-hang.log").read_text()
+    result = CliRunner().invoke(app, ["diagnose", "--log", "-", "--json"], input=text)
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["failures"][0]["evidence"][0]["log"] == "stdin"
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "nothing to read"),
+    (["--log", "/nonexistent/vllm.log"], "No such file"),
+    (["--unit", "bad unit;rm"], "not a systemd unit name"),
+    (["--ssh", "host", "--log", "x.log"], "give one or the other"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    done = subprocess.run([B70CTL, "diagnose", *args], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- collection
+
+UNIT_JOURNAL = """\
+2026-11-30T10:00:05+0100 b70-a docker[811]: INFO Starting vLLM API server
+2026-11-30T10:03:40+0100 b70-a systemd[1]: b70-vllm.service: A process of this unit has been killed by the OOM killer.
+"""
+
+
+def test_unit_and_kernel_commands() -> None:
+    assert unit_log_argv("b70-vllm") == ["journalctl", "--unit", "b70-vllm", "--no-pager", "--output", "short-iso",
+                                         "--lines", "3000"]
+    window = log_window(UNIT_JOURNAL)
+    assert window == (datetime(2026, 11, 30, 9, 0, 5, tzinfo=timezone.utc),
+                      datetime(2026, 11, 30, 9, 3, 40, tzinfo=timezone.utc))
+    assert kernel_log_argv(window) == ["journalctl", "-k", "--no-pager", "--output", "short-iso",
+                                       "--since", "2026-11-30 08:55:05 UTC", "--until", "2026-11-30 09:08:40 UTC",
+                                       "--lines", "2000"]
+    assert kernel_log_argv(None)[-2:] == ["--lines", "2000"]
+    with pytest.raises(BadInput):
+        unit_log_argv("b70-vllm; reboot")
+
+
+def test_collect_unit_reads_the_journal_then_the_kernel_log_around_it() -> None:
+    calls: list[list[str]] = []
+    kernel = ("2026-11-30T10:03:39+0100 b70-a kernel: Out of memory: Killed process 2159 (python3) total-vm:1kB, "
+              "anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1kB oom_score_adj:0\n")
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        calls.append(argv)
+        return (0, UNIT_JOURNAL, "") if "--unit" in argv else (0, kernel, "")
+
+    lines, names = collect_unit(run, "b70-vllm", where="b70-a")
+    assert calls[1][:2] == ["journalctl", "-k"] and "--since" in calls[1]
+    assert names == ["b70-a:b70-vllm", "b70-a:kernel"]
+    diagnosis = diagnose_lines(load_catalogue(), lines, names)
+    [oom] = [m for m in diagnosis.failures if m.id == "host-oom-killed"]
+    assert {line.kind for line in oom.evidence} == {"serve", "kernel"}
+
+
+def test_collect_unit_errors() -> None:
+    with pytest.raises(BadInput, match="journalctl --unit b70-vllm on b70-a failed"):
+        collect_unit(lambda argv: (1, "", "Failed to add filter for units: No data available"), "b70-vllm", "b70-a")
+    # An unreadable kernel log is noted; the unit's log is still read.
+    lines, names = collect_unit(lambda argv: (0, UNIT_JOURNAL, "") if "--unit" in argv else (1, "", "denied"),
+                                "b70-vllm")
+    assert len(lines) == 2 and names[1] == "kernel (unreadable: denied)"
+
+
+def test_ssh_settings_honour_the_ssh_config(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text("Host b70-a\n  HostName 10.0.0.7\n  Port 2222\n  User ops\n  IdentityFile ~/.ssh/b70\n")
+    settings = ssh_settings("b70-a", config)
+    assert (settings["hostname"], settings["port"], settings["username"]) == ("10.0.0.7", 2222, "ops")
+    assert settings["key_filename"][0].endswith("/.ssh/b70")
+    assert ssh_settings("other", config)["hostname"] == "other"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_ssh_host_is_exit_2_in_one_line(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(f"Host b70-gone\n  HostName 127.0.0.1\n  Port {_closed_port()}\n")
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("SSH_AUTH_SOCK", None)
+    done = subprocess.run([B70CTL, "diagnose", "--ssh", "b70-gone"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "ssh b70-gone (127.0.0.1:" in done.stderr and "unreachable" in done.stderr
