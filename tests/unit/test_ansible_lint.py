@@ -12,13 +12,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"), "NO_COLOR": "1", "ANSIBLE_NOCOLOR": "1"}
+def run(argv: list[str], **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"), "NO_COLOR": "1", "ANSIBLE_NOCOLOR": "1",
+           **extra_env}
     return subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_ansible_lint_production_profile_passes() -> None:
-    result = run([str(BIN / "ansible-lint"), "--offline", "--profile", "production", "site.yml", "playbooks", "roles"])
+    # ansible-lint's syntax checks run without an inventory, which ansible.cfg makes an error for real runs.
+    result = run([str(BIN / "ansible-lint"), "--offline", "--profile", "production", "site.yml", "playbooks", "roles"],
+                 ANSIBLE_INVENTORY_UNPARSED_FAILED="False")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "Profile 'production' was required, and it passed" in result.stderr + result.stdout
 

@@ -556,3 +556,185 @@ def test_userinfo_in_endpoint_never_reaches_the_report(tmp_path):
     written = "".join(p.read_text(errors="replace") for p in (tmp_path / "out").rglob("*") if p.is_file())
     assert "hunter2pw" not in written + outcome.stdout + outcome.stderr
     assert "admin" not in written
+
+
+# --- roles: the token never in an environment, unit files that cannot be injected ---------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tasks(path: Path) -> list[dict]:
+    import yaml
+
+    found: list[dict] = []
+
+    def walk(tasks: list[dict]) -> None:
+        for task in tasks or []:
+            found.append(task)
+            for key in ("block", "rescue", "always"):
+                walk(task.get(key))
+    walk(yaml.safe_load(path.read_text()))
+    return found
+
+
+def test_hf_token_reaches_the_fetch_only_through_a_private_file():
+    tasks = _tasks(REPO / "roles/model_store/tasks/fetched.yml")
+    for task in tasks:
+        assert "b70_hf_token" not in json.dumps(task.get("environment", "")), task["name"]
+        assert "HF_TOKEN:" not in json.dumps(task.get("environment", "")), task["name"]
+    writes = [t for t in tasks if "b70_hf_token" in json.dumps(t) and "when" not in str(t.get("name", "")).lower()
+              and t.get("ansible.builtin.copy")]
+    assert writes and all(t.get("no_log") is True and t["ansible.builtin.copy"]["mode"] == "0600" for t in writes)
+    fetch = next(t for t in tasks if t["name"] == "Fetch and verify the models on the controller")
+    assert "HF_TOKEN_PATH" in fetch["environment"]
+    block = next(t for t in yaml_load(REPO / "roles/model_store/tasks/fetched.yml") if "block" in t)
+    removal = block["always"][0]
+    assert removal["ansible.builtin.file"]["state"] == "absent" and removal.get("no_log") is True
+
+
+def yaml_load(path: Path) -> list[dict]:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def _render_unit(recipe_name: str, exec_argv: list[str], unit: str = "vllm-b70", user: str = "root") -> str:
+    import importlib.util
+
+    import jinja2
+
+    spec = importlib.util.spec_from_file_location("systemd_quote",
+                                                  REPO / "roles/vllm_serve/filter_plugins/systemd_quote.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    environment.filters.update(module.FilterModule().filters())
+    template = environment.from_string((REPO / "roles/vllm_serve/templates/vllm.service.j2").read_text())
+    return template.render(ansible_managed="managed", b70_recipe_spec={"name": recipe_name},
+                           vllm_serve_server={"baseline": False, "port": 8000, "unit": unit},
+                           b70_service_user=user, vllm_serve_exec=exec_argv)
+
+
+HOSTILE_UNIT_VALUES = {
+    "quote": "/models/it's here",
+    "double-quote": '/models/"x"',
+    "newline-directive": "/models/x\nExecStartPre=+/bin/sh -c 'touch /pwned'",
+    "carriage-return": "/models/x\rExecStartPre=+/bin/true",
+    "specifier": "/models/%h/%n",
+    "dollar": "/models/$HOME/${PATH}",
+    "backslash": "/models/a\\nb\\",
+    "semicolon": "/models/x ; /bin/true",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_UNIT_VALUES)
+def test_hostile_values_in_the_unit_are_escaped(name, tmp_path):
+    """The unit is rendered with a hostile value in the recipe name and in an argument; systemd-analyze verify
+    accepts it, and systemd's own parser (systemd-analyze dump is not available offline, so the unit's lines are
+    checked) sees one ExecStart, no injected directive, the value intact."""
+    import shutil
+    import subprocess
+
+    value = HOSTILE_UNIT_VALUES[name]
+    argv = ["/usr/bin/docker", "run", "--rm", "--volume", value + ":/models:ro", "image", "--model", value]
+    text = _render_unit("tiny" + value, argv)
+    directives = [line.split("=", 1)[0] for line in text.splitlines() if line and not line.startswith(("#", "["))]
+    assert directives == ["Description", "After", "Requires", "Wants", "Type", "User", "ExecStartPre", "ExecStart",
+                          "ExecStop", "Restart", "RestartSec", "TimeoutStopSec", "WantedBy"], text
+    exec_line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    assert _systemd_split(exec_line.removeprefix("ExecStart=")) == argv
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed here")
+    unit = tmp_path / "vllm-b70.service"
+    unit.write_text(text)
+    verified = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                              timeout=60)
+    problems = [line for line in verified.stderr.splitlines()
+                if str(unit) in line and "Failed to" not in line or "Unknown" in line or "Invalid" in line
+                or "bad" in line.lower()]
+    assert verified.returncode == 0 and not problems, verified.stderr
+
+
+def _systemd_split(line: str) -> list[str]:
+    """ExecStart's word splitting as systemd does it for double-quoted words (C escapes, %% and $$)."""
+    words, index = [], 0
+    escapes = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"'}
+    while index < len(line):
+        if line[index] == " ":
+            index += 1
+            continue
+        assert line[index] == '"', line[index:]
+        index += 1
+        word = []
+        while line[index] != '"':
+            character = line[index]
+            if character == "\\":
+                following = line[index + 1]
+                if following == "x":
+                    word.append(chr(int(line[index + 2:index + 4], 16)))
+                    index += 4
+                    continue
+                word.append(escapes[following])
+                index += 2
+                continue
+            if character in "%$":
+                assert line[index + 1] == character, line
+                index += 1
+            word.append(character)
+            index += 1
+        words.append("".join(word))
+        index += 1
+    return words
+
+
+def _inventory(text: str | None) -> Callable[[Path], Path]:
+    def make(work: Path) -> Path:
+        path = work / "hosts"
+        if text is not None:
+            path.write_text(text)
+        return path
+    return make
+
+
+HOST_VARS = ("ansible_connection=local b70_recipe=cpu-tiny b70_gpus=0 b70_service_user=b70 "
+             "b70_model_store_dir=/var/lib/b70/models b70_api_key=k ")
+INVENTORY_CASES = {
+    "missing": (_inventory(None), r"(?i)unable to parse|could not be parsed|no inventory"),
+    "malformed-ini": (_inventory("[b70_hosts\nhost-a\n"), r"(?i)unable to parse|failed to parse"),
+    "malformed-yaml": (_inventory("all: [\n"), r"(?i)unable to parse|failed to parse"),
+    "empty-group": (_inventory("[others]\nhost-a ansible_connection=local\n"), r"no host in group b70_hosts"),
+    "misspelt-group": (_inventory("[b70-hosts]\nhost-a ansible_connection=local\n"), r"no host in group b70_hosts"),
+    "user-with-quote": (_inventory("[b70_hosts]\nhost-a " + HOST_VARS.replace("b70_service_user=b70",
+                                                                                "b70_service_user=\"b7'0\"") + "\n"),
+                        r"b70_service_user .* holds characters"),
+    "store-dir-with-newline": (_inventory("[b70_hosts]\nhost-a\n[b70_hosts:vars]\n" + "\n".join(HOST_VARS.split())
+                                          .replace("b70_model_store_dir=/var/lib/b70/models",
+                                                   'b70_model_store_dir="/var/lib/b70\\nExecStartPre=+/bin/sh"')
+                                          + "\n"), r"b70_model_store_dir .* holds characters"),
+    "recipe-with-space": (_inventory("[b70_hosts]\nhost-a " + HOST_VARS.replace("b70_recipe=cpu-tiny",
+                                                                                  "b70_recipe='cpu tiny'") + "\n"),
+                          r"b70_recipe .* holds characters"),
+}
+
+
+@pytest.mark.parametrize("name", INVENTORY_CASES)
+def test_inventories_fail_preflight(name, tmp_path):
+    """`--tags preflight` on a bad inventory fails naming the problem; it never ends green with no host."""
+    import subprocess
+    import sys
+
+    make, pattern = INVENTORY_CASES[name]
+    work = tmp_path / "case"
+    work.mkdir()
+    inventory = make(work)
+    env = {**os.environ, "HOME": str(tmp_path), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
+           "ANSIBLE_NOCOLOR": "1", "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
+    before = snapshot(work)
+    done = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "site.yml", "-i", str(inventory),
+                           "--tags", "preflight"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    import re
+
+    assert re.search(pattern, output), output
+    assert snapshot(work) == before
