@@ -229,8 +229,38 @@ def render_verdicts(report) -> None:
 
 
 def main() -> None:
+    """The console script. Any exception that still escapes a command is a defect: one line naming the command and
+    the file holding the full traceback, exit 2; `--debug` (anywhere on the line) shows the traceback instead."""
+    debug = "--debug" in sys.argv[1:]
+    if debug:
+        sys.argv.remove("--debug")
     try:
         app()
     except BadInput as error:
         console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         sys.exit(error.exit_code)
+    except Exception as error:
+        if debug:
+            raise
+        command = " ".join(["b70ctl", *[word for word in sys.argv[1:3] if not word.startswith("-")][:2]])
+        where = save_traceback()
+        console.print(f"[bold red]error:[/] {command} failed unexpectedly ({error.__class__.__name__}); the full "
+                      f"traceback is in {where}: run it again with --debug to see it, and report it",
+                      highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+def save_traceback() -> str:
+    """The traceback being handled, in a private file under the user's cache (it may quote local paths)."""
+    import time
+    import traceback
+
+    from b70ctl.files import write_text_atomically
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    path = cache / "b70ctl" / "tracebacks" / f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.txt"
+    try:
+        write_text_atomically(path, traceback.format_exc(), mode=0o600)
+    except OSError:
+        return "(not saved: the cache is not writable)"
+    return str(path)

@@ -738,3 +738,24 @@ def test_inventories_fail_preflight(name, tmp_path):
 
     assert re.search(pattern, output), output
     assert snapshot(work) == before
+
+
+# --- the top-level guard ------------------------------------------------------------------------------------
+
+
+def test_an_escaping_exception_is_one_line_naming_the_command_and_the_saved_traceback(tmp_path, monkeypatch):
+    import re
+
+    import b70ctl.cli
+
+    def broken(name: str) -> None:
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(b70ctl.cli, "load_recipe", broken)
+    outcome = run_b70ctl(["recipes", "show", "cpu-tiny"])
+    assert_one_line_error(outcome, 2, r"b70ctl recipes show failed unexpectedly \(RuntimeError\).* in .*--debug")
+    saved = Path(re.search(r"traceback is in (\S+):", outcome.error_lines[0]).group(1))
+    assert saved.is_relative_to(tmp_path / "xdg-cache") and "RuntimeError: a defect" in saved.read_text()
+    assert saved.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(RuntimeError, match="a defect"):
+        run_b70ctl(["recipes", "show", "cpu-tiny", "--debug"])
