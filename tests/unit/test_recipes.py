@@ -27,6 +27,10 @@ def test_shipped_recipes_load():
     assert native.serve.speculative.draft_sample_method == "probabilistic"
     per_position = {c.id: c for c in native.claims}["per-position-acceptance"]
     assert per_position.values == [0.76, 0.45, 0.31, 0.14, 0.10, 0.02, 0.00]
+    # TP=2 on vLLM CPU beside a TP=1 target-only baseline (FACTS.md, "Added after the first release"), with no GPU.
+    tiny = load_recipe("cpu-tiny")
+    assert (tiny.serve.tensor_parallel_size, tiny.serve.baseline_tensor_parallel_size) == (2, 1)
+    assert tiny.host.gpu_count == 0 and tiny.host.cpu_cores_min == 2
 
 
 def _variant(tmp_path: Path, name: str, edit) -> Path:
@@ -50,6 +54,9 @@ def _variant(tmp_path: Path, name: str, edit) -> Path:
         ("pr620-fp8-tp2", lambda d: d["image"].update(tag="latest"), "not a pin"),
         ("pr620-fp8-tp2", lambda d: d["claims"][0].pop("value"), "needs value"),
         ("cpu-tiny", lambda d: d.pop("tiny"), "tiny section"),
+        # A CPU recipe has no GPUs to count: its TP is checked against the cores its ranks are bound to.
+        ("cpu-tiny", lambda d: d["host"].update(cpu_cores_min=1), "tensor parallel size 2 is larger than "
+         "host.cpu_cores_min 1"),
     ],
 )
 def test_known_bad_combinations_are_refused(tmp_path, name, edit, message):

@@ -20,10 +20,12 @@ import pytest
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
+from b70ctl.errors import BadInput
 from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.host.topology import TOPOLOGY_PATH, topology
 from b70ctl.recipes import load_recipe
-from b70ctl.serve.render import ServeCommand, ServeContext, render_serve, render_xpu_container
+from b70ctl.serve.local import LocalServer, bound_cores
+from b70ctl.serve.render import ServeCommand, ServeContext, render_container, render_serve, render_xpu_container
 from sysfs_trees import build_tree
 
 CONTEXT = ServeContext(model_dir="/models/target", drafter_dir="/models/drafter", host="0.0.0.0", port=8000)
@@ -41,6 +43,12 @@ class Fact(NamedTuple):
     value: Any
     source: str
 
+
+# ---- the BF16 one-token guard (FACTS.md, "Known failures"): on the target-only baseline only
+ONE_TOKEN_CRASH = "Known failures: BF16 target-only one-token prompt crashes the ESIMD decode kernel (query must be " \
+    "fp16); spec decode hides it because verification runs k+1 tokens; workarounds: FP16, or DISABLE_ESIMD_PAGE_ATTN=1"
+SPECULATION_HIDES_THE_CRASH = ONE_TOKEN_CRASH + " (the speculative server never takes that path: its rate is " \
+    "the claim, so it runs as the recipe says)"
 
 # ---- route a: pr620-fp8-tp2 (FACTS.md, "Serving (route a: the seed's recipe)")
 ROUTE_A_SERVE = "Serving (route a): serve: `--tensor-parallel-size 2 --gpu-memory-utilization 0.90 --max-model-len " \
@@ -70,9 +78,7 @@ ROUTE_A = [
     Fact("env", "VLLM_USE_V2_MODEL_RUNNER", "0", ROUTE_A_ENV),
     Fact("env", "VLLM_USE_AOT_COMPILE", "0", ROUTE_A_ENV),
     Fact("env", "VLLM_XPU_ENABLE_XPU_GRAPH", "0", ROUTE_A_ENV),
-    Fact("env", "DISABLE_ESIMD_PAGE_ATTN", "1",
-         "Known failures: BF16 target-only one-token prompt crashes the ESIMD decode kernel ...; workarounds: "
-         "FP16, or DISABLE_ESIMD_PAGE_ATTN=1 (the recipe keeps --dtype bfloat16, so the env workaround)"),
+    Fact("env", "DISABLE_ESIMD_PAGE_ATTN", ABSENT, SPECULATION_HIDES_THE_CRASH),
     Fact("env", "DSPARK_ADAPTIVE_BLOCK", ABSENT,
          "Serving (route a): optional confidence truncation behind DSPARK_ADAPTIVE_BLOCK=1, off by default"),
 ]
@@ -110,9 +116,7 @@ ROUTE_B = [
          "Serving (route b): It runs only on Model Runner V2: never set VLLM_USE_V2_MODEL_RUNNER=0 with dspark"),
     Fact("env", "VLLM_USE_AOT_COMPILE", ABSENT, ROUTE_B_NO_ENV),
     Fact("env", "VLLM_XPU_ENABLE_XPU_GRAPH", ABSENT, ROUTE_B_NO_ENV),
-    Fact("env", "DISABLE_ESIMD_PAGE_ATTN", "1",
-         "Known failures: BF16 target-only one-token prompt crashes the ESIMD decode kernel ...; workarounds: "
-         "FP16, or DISABLE_ESIMD_PAGE_ATTN=1 (the recipe keeps --dtype bfloat16, so the env workaround)"),
+    Fact("env", "DISABLE_ESIMD_PAGE_ATTN", ABSENT, SPECULATION_HIDES_THE_CRASH),
 ]
 
 # ---- what every render carries from the ServeContext (where it runs, not how): not FACTS.md's
@@ -286,21 +290,34 @@ def test_serve_command_matches_facts(tmp_path: Path, recipe_name: str, scenario:
 
 
 @pytest.mark.parametrize("recipe_name, scenario, profile, facts", CASES, ids=CASE_IDS)
-def test_target_only_baseline_keeps_the_one_token_guard(tmp_path: Path, recipe_name: str, scenario: str,
-                                                        profile: str, facts: list[Fact]) -> None:
-    """FACTS.md, Known failures: "BF16 target-only one-token prompt crashes the ESIMD decode kernel (query must be
-    fp16); spec decode hides it because verification runs k+1 tokens; workarounds: FP16, or
-    DISABLE_ESIMD_PAGE_ATTN=1". The baseline is where the crash lives; it is the same server minus speculation,
-    so greedy outputs of the two are compared on the same kernels and settings."""
+def test_the_one_token_guard_is_on_the_target_only_baseline_only(tmp_path: Path, recipe_name: str, scenario: str,
+                                                                  profile: str, facts: list[Fact]) -> None:
+    """FACTS.md, Known failures: the crash is on the target-only path, so the baseline carries the guard; the
+    speculative server (checked flag by flag above) does not. Apart from the guard and the speculative config, the
+    baseline is the same server, so greedy outputs of the two are compared on the same settings."""
     recipe = load_recipe(recipe_name)
     _, host = written_topology(tmp_path, scenario, recipe.serve.tensor_parallel_size)
     speculative = render_xpu_container(recipe, CONTEXT, host)
     baseline = render_xpu_container(recipe, CONTEXT.model_copy(update={"speculative": False}), host)
-    dtype = flags(baseline.argv)["--dtype"]
-    assert dtype == "float16" or baseline.env.get("DISABLE_ESIMD_PAGE_ATTN") == "1", (dtype, baseline.env)
+    assert recipe.serve.dtype == "bfloat16" and recipe.serve.one_token_prompt_guard == "disable_esimd_page_attn"
+    assert flags(baseline.argv)["--dtype"] == "bfloat16", ONE_TOKEN_CRASH + " (the env workaround keeps BF16)"
+    assert baseline.env == {**speculative.env, "DISABLE_ESIMD_PAGE_ATTN": "1"}, ONE_TOKEN_CRASH
+    assert "DISABLE_ESIMD_PAGE_ATTN" not in speculative.env, SPECULATION_HIDES_THE_CRASH
     cut = speculative.argv.index("--speculative-config")
     assert baseline.argv == speculative.argv[:cut] + speculative.argv[cut + 2:]
-    assert (baseline.env, baseline.docker_args) == (speculative.env, speculative.docker_args)
+    assert baseline.docker_args == speculative.docker_args
+
+
+def test_the_float16_guard_changes_the_baseline_dtype_only() -> None:
+    """The other workaround of the same FACTS.md line ("workarounds: FP16, ..."): the baseline is served FP16,
+    the speculative server keeps the recipe's BF16."""
+    recipe = load_recipe("dspark-int4-tp1")
+    recipe = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"one_token_prompt_guard": "float16"})})
+    speculative = render_serve(recipe, CONTEXT)
+    baseline = render_serve(recipe, CONTEXT.model_copy(update={"speculative": False}))
+    assert flags(speculative.argv)["--dtype"] == "bfloat16", SPECULATION_HIDES_THE_CRASH
+    assert flags(baseline.argv)["--dtype"] == "float16", ONE_TOKEN_CRASH
+    assert "DISABLE_ESIMD_PAGE_ATTN" not in speculative.env | baseline.env
 
 
 def test_serve_render_cli_prints_the_rendered_command(tmp_path: Path) -> None:
@@ -337,9 +354,70 @@ def test_tp2_on_a_one_card_host_is_refused(tmp_path: Path) -> None:
         render_xpu_container(load_recipe("pr620-fp8-tp2"), CONTEXT, host)
 
 
-def test_baseline_is_the_same_server_without_speculation() -> None:
+# ---- the embedded default: cpu-tiny at TP=2 on vLLM CPU (FACTS.md, "Added after the first release")
+CPU_TP2 = "Added after the first release: vLLM 0.32 CPU serves tensor parallel on this kind of machine: " \
+    "`--tensor-parallel-size 2 --distributed-executor-backend mp` with `VLLM_CPU_OMP_THREADS_BIND=\"0|1\"` (one core " \
+    "per rank, gloo), with draft_model k=4 speculation"
+CPU_BASELINE = "Added after the first release: Beside it a TP=1 target-only baseline on the same 2 cores: ... greedy " \
+    "outputs 5/5 token-identical (TP=2 speculative vs TP=1 baseline)"
+OMP_BIND_PER_RANK = "vLLM 0.32 utils/ompmultiprocessing.py: `omp_cpuids_list = vllm_mask.split(\"|\")` ... `assert " \
+    "len(omp_cpuids_list) == self.local_world_size` (one CPU list per rank; \"auto\" when unset)"
+CPU_SPECULATIVE = [
+    Fact("flag", "--tensor-parallel-size", "2", CPU_TP2),
+    Fact("flag", "--distributed-executor-backend", "mp", CPU_TP2),
+    Fact("env", "VLLM_CPU_OMP_THREADS_BIND", "0|1", CPU_TP2),
+    Fact("spec", "method", "draft_model", CPU_TP2),
+    Fact("spec", "num_speculative_tokens", 4, CPU_TP2),
+]
+CPU_BASELINE_FACTS = [
+    Fact("flag", "--tensor-parallel-size", ABSENT, CPU_BASELINE + " (vLLM's default TP is 1)"),
+    Fact("flag", "--distributed-executor-backend", ABSENT, CPU_BASELINE + " (one worker)"),
+    Fact("env", "VLLM_CPU_OMP_THREADS_BIND", ABSENT, OMP_BIND_PER_RANK + ": \"0|1\" names two ranks, TP=1 has one"),
+    Fact("flag", "--speculative-config", ABSENT, CPU_BASELINE + " (target-only)"),
+]
+
+
+def mismatches(command: ServeCommand, facts: list[Fact]) -> list[str]:
+    seen = observed(command)
+    return [f"{fact.kind} {fact.key}: rendered {seen[fact.kind].get(fact.key, ABSENT)!r}, expected {fact.value!r}\n"
+            f"    source: {fact.source}" for fact in facts if seen[fact.kind].get(fact.key, ABSENT) != fact.value]
+
+
+def test_cpu_tiny_serves_tp2_speculative_beside_a_tp1_baseline() -> None:
     recipe = load_recipe("cpu-tiny")
     speculative = render_serve(recipe, CONTEXT)
     baseline = render_serve(recipe, CONTEXT.model_copy(update={"speculative": False}))
-    assert "--speculative-config" in speculative.argv and "--speculative-config" not in baseline.argv
-    assert speculative.argv[:speculative.argv.index("--speculative-config")] == baseline.argv
+    wrong = mismatches(speculative, CPU_SPECULATIVE) + mismatches(baseline, CPU_BASELINE_FACTS)
+    assert not wrong, "\n".join(wrong)
+    ranks = int(flags(speculative.argv)["--tensor-parallel-size"])
+    assert len(speculative.env["VLLM_CPU_OMP_THREADS_BIND"].split("|")) == ranks, OMP_BIND_PER_RANK
+    # Otherwise the same target server: same model, dtype, length and env but for the rank binding.
+    drop = {"--tensor-parallel-size", "--distributed-executor-backend", "--speculative-config"}
+    assert {k: v for k, v in flags(speculative.argv).items() if k not in drop} == flags(baseline.argv)
+    assert {k: v for k, v in speculative.env.items() if k != "VLLM_CPU_OMP_THREADS_BIND"} == baseline.env
+
+
+def test_cpu_container_gives_the_tp_ranks_shared_memory() -> None:
+    """The TP ranks exchange activations through vLLM's shared-memory communicator (vLLM 0.32
+    distributed/device_communicators/cpu_communicator.py: `init_shm_manager` for the tp group) and the executor
+    talks to its workers through shared-memory message queues: both live in the container's /dev/shm, which docker
+    caps at 64 MiB unless told."""
+    recipe = load_recipe("cpu-tiny")
+    for speculative in (True, False):
+        command = render_container(recipe, CONTEXT.model_copy(update={"speculative": speculative}), None)
+        options = docker_options(command.docker_args)
+        assert options["--shm-size"] == ["1g"] and options["--network"] == ["host"]
+        assert command.argv == render_serve(recipe, CONTEXT.model_copy(update={"speculative": speculative})).argv
+
+
+def test_a_local_server_refuses_cores_this_machine_does_not_give_it(tmp_path: Path) -> None:
+    """vLLM 0.32 envs.py: "CPU core ids bound by OpenMP threads, e.g., "0-31", "0,1,2", "0-31,33". CPU cores of
+    different ranks are separated by '|'." A rank bound to a core the process may not use is refused before start,
+    naming the cores."""
+    assert bound_cores("0|1") == {0, 1} and bound_cores("0-2,5|7") == {0, 1, 2, 5, 7} and bound_cores("auto") == set()
+    absent = max(os.sched_getaffinity(0)) + 1
+    command = ServeCommand(argv=[], env={"VLLM_CPU_OMP_THREADS_BIND": f"0|{absent}"})
+    server = LocalServer("tp2", command, python="/nonexistent/python", port=1, log_path=tmp_path / "tp2.log")
+    with pytest.raises(BadInput, match=rf"CPU cores \[{absent}\]"):
+        server.start()
+    assert server.process is None

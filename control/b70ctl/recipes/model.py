@@ -76,6 +76,9 @@ class SpeculativeSettings(Strict):
 class ServeSettings(Strict):
     served_model_name: str
     tensor_parallel_size: int = Field(1, ge=1)
+    baseline_tensor_parallel_size: int | None = Field(
+        None, ge=1, description="TP of the target-only baseline the greedy outputs are compared with; "
+        "None: the speculative server's")
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = "auto"
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     max_model_len: int = Field(ge=16)
@@ -91,8 +94,9 @@ class ServeSettings(Strict):
     env: dict[str, str] = Field(default_factory=dict, description="Environment of the vLLM process")
     one_token_prompt_guard: Literal["none", "float16", "disable_esimd_page_attn"] = Field(
         "none",
-        description="BF16 target-only one-token prompts crash the ESIMD decode kernel on XPU: serve FP16, "
-        "or set DISABLE_ESIMD_PAGE_ATTN=1",
+        description="BF16 target-only one-token prompts crash the ESIMD decode kernel on XPU (speculation "
+        "verifies k+1 tokens and never hits it): the target-only baseline is served FP16, or with "
+        "DISABLE_ESIMD_PAGE_ATTN=1; the speculative server is left as it is",
     )
 
 
@@ -100,6 +104,7 @@ class HostRequirements(Strict):
     accelerator: Literal["xpu", "cpu"]
     gpu_pci_ids: list[str] = Field(default_factory=list, description="Accepted vendor:device ids, e.g. 8086:e223")
     gpu_count: int = Field(0, ge=0)
+    cpu_cores_min: int = Field(1, ge=1, description="CPU recipes: cores the host must have, one per TP rank")
     vram_gib_per_gpu: float = Field(0, ge=0)
     ram_gb_min: float = Field(ge=0, description="RAM the host must have installed, in GB as memory is sold "
                               "(2^30 bytes); a host meets it when MemTotal is at least what such a host shows")
@@ -227,6 +232,12 @@ class Recipe(Strict):
             raise ValueError(
                 f"serve.tensor_parallel_size {self.serve.tensor_parallel_size} is larger than host.gpu_count "
                 f"{self.host.gpu_count}: lower TP or require more GPUs"
+            )
+        largest_tp = max(self.serve.tensor_parallel_size, self.serve.baseline_tensor_parallel_size or 1)
+        if self.host.accelerator == "cpu" and largest_tp > self.host.cpu_cores_min:
+            raise ValueError(
+                f"tensor parallel size {largest_tp} is larger than host.cpu_cores_min {self.host.cpu_cores_min}: "
+                "vLLM's CPU backend binds each TP rank to its own core; lower TP or require more cores"
             )
         if spec is not None and spec.method != "ngram" and self.drafter is None:
             raise ValueError(f"speculative method {spec.method!r} needs a drafter")

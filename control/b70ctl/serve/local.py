@@ -27,6 +27,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def bound_cores(threads_bind: str) -> set[int]:
+    """The cores named by VLLM_CPU_OMP_THREADS_BIND ("0|1", "0-3,6|4-5"); none for vLLM's "auto" and "nobind"."""
+    if threads_bind in ("auto", "nobind"):
+        return set()
+    cores: set[int] = set()
+    for part in re.split(r"[|,]", threads_bind):
+        low, _, high = part.strip().partition("-")
+        cores.update(range(int(low), int(high or low) + 1))
+    return cores
+
+
 class LocalServer:
     """One vLLM OpenAI-compatible server process, started in its own process group."""
 
@@ -47,6 +58,10 @@ class LocalServer:
     def start(self) -> LocalServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.command.env, **self.extra_env}
+        missing = sorted(bound_cores(env.get("VLLM_CPU_OMP_THREADS_BIND", "auto")) - os.sched_getaffinity(0))
+        if missing:
+            raise BadInput(f"vLLM server {self.name} binds its TP ranks to CPU cores {missing}, which this process "
+                           f"may not use (allowed: {sorted(os.sched_getaffinity(0))}): lower the recipe's TP")
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 self.command.local_argv(self.python), env=env, stdout=log, stderr=subprocess.STDOUT,

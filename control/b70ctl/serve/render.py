@@ -70,23 +70,42 @@ def speculative_config(recipe: Recipe, drafter_dir: str | None) -> dict[str, Any
     return config
 
 
+def cpu_threads_bind(tensor_parallel_size: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for a CPU server of this TP size: one core per rank, ranks separated by '|'.
+
+    vLLM 0.32 (utils/ompmultiprocessing.py) needs one CPU list per local rank when the value is not "auto";
+    "auto" gives each rank its own NUMA node and refuses TP=2 on a one-node host. TP=1 keeps vLLM's "auto"."""
+    return "|".join(str(core) for core in range(tensor_parallel_size))
+
+
 def render_serve(recipe: Recipe, context: ServeContext) -> ServeCommand:
     serve = recipe.serve
     dtype = serve.dtype
     env = dict(serve.env)
-    # The BF16 one-token prompt crash lives in the XPU ESIMD decode kernel; the CPU backend has no such kernel.
-    if recipe.host.accelerator == "xpu" and dtype == "bfloat16":
-        if serve.one_token_prompt_guard == "float16":
-            dtype = "float16"
-        elif serve.one_token_prompt_guard == "disable_esimd_page_attn":
-            env["DISABLE_ESIMD_PAGE_ATTN"] = "1"
+    tensor_parallel_size = serve.tensor_parallel_size
+    if not context.speculative:
+        tensor_parallel_size = serve.baseline_tensor_parallel_size or tensor_parallel_size
+        # The BF16 one-token prompt crash lives in the XPU ESIMD decode kernel of the target-only path:
+        # speculation verifies k+1 tokens and never takes it, so the speculative server (whose rate is the
+        # claim) is left as the recipe says. The CPU backend has no such kernel.
+        if recipe.host.accelerator == "xpu" and dtype == "bfloat16":
+            if serve.one_token_prompt_guard == "float16":
+                dtype = "float16"
+            elif serve.one_token_prompt_guard == "disable_esimd_page_attn":
+                env["DISABLE_ESIMD_PAGE_ATTN"] = "1"
+    cpu_tensor_parallel = recipe.host.accelerator == "cpu" and tensor_parallel_size > 1
+    if cpu_tensor_parallel:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(tensor_parallel_size)
     env.update(context.extra_env)
 
     argv = ["--model", context.model_dir, "--served-model-name", serve.served_model_name,
             "--host", context.host, "--port", str(context.port), "--dtype", dtype,
             "--max-model-len", str(serve.max_model_len)]
-    if serve.tensor_parallel_size != 1:
-        argv += ["--tensor-parallel-size", str(serve.tensor_parallel_size)]
+    if tensor_parallel_size != 1:
+        argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    if cpu_tensor_parallel:
+        # The TP ranks as worker processes, gloo and vLLM's shared-memory collectives between them.
+        argv += ["--distributed-executor-backend", "mp"]
     optional = {
         "--gpu-memory-utilization": serve.gpu_memory_utilization,
         "--max-num-batched-tokens": serve.max_num_batched_tokens,
