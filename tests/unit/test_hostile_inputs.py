@@ -759,3 +759,24 @@ def test_an_escaping_exception_is_one_line_naming_the_command_and_the_saved_trac
     assert saved.stat().st_mode & 0o777 == 0o600
     with pytest.raises(RuntimeError, match="a defect"):
         run_b70ctl(["recipes", "show", "cpu-tiny", "--debug"])
+
+
+# --- fleet: host directories ---------------------------------------------------------------------------------
+
+
+def test_an_undecodable_host_directory_is_an_input_problem_row_and_the_rest_is_reported(tmp_path):
+    from fleet_factory import make_report, write_host
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    good = tmp_path / "good"
+    write_host(reports, "host-a", make_report("cpu-tiny", "host-a"))
+    os.mkdir(os.fsencode(reports) + b"/host-\xff")
+    out = tmp_path / "fleet"
+    outcome = run_b70ctl(["fleet", "report", str(reports), "--out", str(out)])
+    assert outcome.code == 1 and "Traceback" not in outcome.stderr, outcome.stderr
+    fleet = json.loads((out / "fleet.json").read_text())
+    hosts = {entry["host"]: entry["status"] for entry in fleet["hosts"]}
+    assert hosts["host-a"] != "bad_report" and hosts["host-\\xff"] == "bad_report"
+    assert any("not UTF-8" in problem["reason"] for problem in fleet["problems"])
+    assert not good.exists()

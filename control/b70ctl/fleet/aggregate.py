@@ -222,6 +222,14 @@ def _read_host(host: str, report_path: Path, facts_path: Path | None, marker_pat
                                                  verdict.bound, verdict.source)
 
 
+def _decodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def collect_directory(reports_dir: Path) -> Collected:
     """Every host directory under REPORTS_DIR (layout in fleet/layout.py), in host-name order."""
     if not reports_dir.is_dir():
@@ -242,6 +250,15 @@ def collect_directory(reports_dir: Path) -> Collected:
     collected = Collected()
     for host in host_dirs:
         directory = reports_dir / host
+        if not _decodable(host):
+            # A name that is not UTF-8 cannot be written into fleet.json or fleet.md: it is named, escaped.
+            shown = host.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            collected.problems.append(InputProblem(
+                kind="unreadable", host=shown, path=str(reports_dir / shown), action="excluded",
+                reason=f"{reports_dir / shown}: the host directory's name is not UTF-8: rename it to the host's "
+                       "inventory name"))
+            collected.entries.append(HostEntry(host=shown, status="bad_report", reason="name not UTF-8"))
+            continue
         if not os.access(directory, os.R_OK | os.X_OK):
             collected.problems.append(InputProblem(
                 kind="unreadable", host=host, path=str(directory), action="excluded",
