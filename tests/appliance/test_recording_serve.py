@@ -1,0 +1,191 @@
+"""The serve stage of both B70 recipes on the emulated B70 hosts, through a recording stand-in of the serving image.
+
+A B70 recipe cannot be served here (no GPU, no XPU image), yet its serve stage can run for real: the host stage
+(playbooks/host.yml) on the P2P host (two B70s behind one switch) and the no-P2P host (two B70s on separate root
+ports), then playbooks/serve.yml with `vllm_serve_image_ref` naming the stand-in (tests/appliance/recorder), which
+records the argv and environment the unit started it with and answers /health, /v1/models and /metrics like
+vLLM. What it recorded must equal `b70ctl serve render` for that host's topology: any check in the role that
+refuses a recipe's own setting (route a runs with VLLM_USE_V2_MODEL_RUNNER=0) or any change the unit makes to
+the command shows here.
+
+The model stage is not run (it would fetch 30 GB per recipe): the test leaves what it would, placeholder target and
+drafter directories and /etc/b70/models.json; the stand-in reads no weights. The cards' /dev/dri nodes, which
+udev makes on a real host, are made with mknod: the inner `docker run --device` needs them to exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from b70ctl.recipes import load_recipe
+from provision import REPO_ROOT, Appliance, HostUnderTest, assert_recap, on, run_playbook, start_hosts
+from provision import testhosts as run_testhosts
+
+pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1800)]
+
+HOST_PREFIX = "b70-rec"
+HOST_SUBNET = "172.30.74.0/24"
+SCENARIOS = {1: "b70x2-switch", 2: "b70x2-root-ports"}
+RECIPES = ["pr620-fp8-tp2", "dspark-int4-tp1"]
+API_KEY = "recorded-stand-in-key-5f1c"
+PORT = 8000  # roles/vllm_serve/defaults/main.yml vllm_serve_port
+# Set by docker itself in every container, not by the unit: the only variables besides the rendered env allowed.
+DOCKER_ENV = {"PATH", "HOSTNAME", "HOME"}
+B70CTL = Path(sys.executable).parent / "b70ctl"
+DRM_MAJOR = 226  # Linux's DRM character devices: cardN = minor N, renderDN = minor N
+
+
+def build_stand_in(work_dir: Path) -> tuple[str, Path]:
+    """tests/appliance/recorder FROM the debootstrapped base, on the controller's engine; saved for loading by id."""
+    base = run_testhosts("image").strip()
+    base_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", base], check=True,
+                             capture_output=True, text=True).stdout.strip()
+    image_id = subprocess.run(["docker", "build", "--quiet", "--build-arg", f"BASE_IMAGE={base_id}",
+                               "--tag", "localhost/b70/vllm-recorder:test", str(Path(__file__).parent / "recorder")],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    archive = work_dir / "recorder.tar"
+    subprocess.run(["docker", "save", "--output", str(archive), image_id], check=True)
+    return image_id, archive
+
+
+def make_dri_nodes(host: str) -> None:
+    """The card and render nodes the host's topology names, as the kernel numbers them."""
+    topology = json.loads(on(host).file("/etc/b70/topology.json").content_string)
+    for node in topology["group_devices"]:
+        minor = int(re.search(r"(\d+)$", node).group(1))
+        subprocess.run(["docker", "exec", host, "sh", "-c",
+                        f"mkdir -p /dev/dri && {{ test -c {node} || mknod -m 0660 {node} c {DRM_MAJOR} {minor}; }}"],
+                       check=True)
+
+
+def place_models(host: str, recipe: str) -> None:
+    """What the model stage leaves: the recipe's target and drafter directories and /etc/b70/models.json."""
+    store = f"/var/lib/b70/models/{recipe}"
+    models = {"recipe": recipe, "stand_in": True,
+              "target": {"path": f"{store}/target", "revision": "stand-in"},
+              "drafter": {"path": f"{store}/drafter", "revision": "stand-in"}}
+    subprocess.run(["docker", "exec", "-i", host, "sh", "-c",
+                    f"mkdir -p {store}/target {store}/drafter /etc/b70 && cat > /etc/b70/models.json"],
+                   input=json.dumps(models, indent=2).encode(), check=True)
+
+
+@pytest.fixture(scope="module")
+def recording_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Appliance, str]]:
+    if os.geteuid() != 0:
+        pytest.fail("the appliance tests need root (they install and start a docker engine): run them as root")
+    work_dir = tmp_path_factory.mktemp("recording")
+    try:
+        hosts, ssh_key = start_hosts(HOST_PREFIX, HOST_SUBNET, SCENARIOS, work_dir)
+        image_id, archive = build_stand_in(work_dir)
+        yield Appliance(hosts, ssh_key, work_dir), image_id
+    finally:
+        if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
+            run_testhosts("down", "--prefix", HOST_PREFIX)
+
+
+def recorded(host: HostUnderTest) -> dict:
+    request = urllib.request.Request(f"http://{host.address}:{PORT}/b70/recorded",
+                                     headers={"Authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def rendered(host: HostUnderTest, recipe: str) -> dict:
+    """`b70ctl serve render` for this host's topology, with the paths the unit mounts the models at."""
+    topology = on(host.name).file("/etc/b70/topology.json").content_string
+    result = subprocess.run([str(B70CTL), "serve", "render", "--recipe", recipe, "--model-dir", "/models/target",
+                             "--drafter-dir", "/models/drafter", "--port", str(PORT), "--topology", "-"],
+                            input=topology, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_serve_stage_starts_exactly_the_rendered_command(recording_hosts, recipe: str) -> None:
+    appliance, image_id = recording_hosts
+    hosts = appliance.hosts
+    names = [host.name for host in hosts]
+    inventory = appliance.inventory(f"recording-{recipe}", hosts, group_vars={
+        "b70_recipe": recipe, "vllm_serve_image_ref": image_id, "vllm_serve_api_key": API_KEY,
+        "vllm_serve_health_timeout": 120,
+        # Required by preflight for recipes whose models come from the Hub; nothing is downloaded here.
+        "b70_hf_token": "hf_unused_by_the_stand_in",
+        # The shipped B70 locks are unresolved; the stand-in uses neither the locked image nor the locked models.
+        "preflight_allow_unresolved_lock": True})
+    started = time.monotonic()
+    # The host layer as for the embedded default (a B70 recipe's preflight asks for 80 GB of free disk for its
+    # weights, which the stand-in never downloads), with the GPU group sized for this recipe's TP.
+    host_inventory = appliance.inventory(f"recording-host-{recipe}", hosts, group_vars={
+        "gpu_topology_tensor_parallel_size": load_recipe(recipe).serve.tensor_parallel_size})
+    host_stage = run_playbook(host_inventory, playbook="playbooks/host.yml")
+    assert host_stage.returncode == 0, host_stage.output[-6000:]
+    for host in hosts:
+        make_dri_nodes(host.name)
+        place_models(host.name, recipe)
+        remote = on(host.name)
+        if remote.run(f"docker image inspect {image_id}").rc != 0:
+            archive = appliance.work_dir / "recorder.tar"
+            with archive.open("rb") as stream:
+                subprocess.run(["docker", "exec", "-i", host.name, "docker", "load", "--quiet"], stdin=stream,
+                               check=True, capture_output=True)
+    serve = run_playbook(inventory, playbook="playbooks/serve.yml")
+    assert serve.returncode == 0, serve.output[-6000:]
+    assert_recap(serve, names, failed=0)
+    print(f"{recipe}: host and serve stages {time.monotonic() - started:.0f} s")
+
+    expected_profile = {hosts[0].name: "p2p", hosts[1].name: "no-p2p"}
+    for host in hosts:
+        remote = on(host.name)
+        assert remote.service("b70-vllm").is_running and remote.service("b70-vllm").is_enabled
+        topology = json.loads(remote.file("/etc/b70/topology.json").content_string)
+        assert topology["profile"] == expected_profile[host.name]
+        command = rendered(host, recipe)
+        record = recorded(host)
+        print(f"{recipe} on {host.name} ({topology['profile']}): argv {record['argv']}")
+        print(f"{recipe} on {host.name} ({topology['profile']}): env "
+              f"{ {k: v for k, v in sorted(record['env'].items()) if k not in DOCKER_ENV | {'VLLM_API_KEY'}} }")
+        assert record["argv"] == command["argv"]
+        assert API_KEY not in " ".join(record["argv"]) and "--api-key" not in record["argv"]
+        assert record["env"].pop("VLLM_API_KEY") == API_KEY
+        assert set(record["env"]) - set(command["env"]) <= DOCKER_ENV
+        assert {name: record["env"][name] for name in command["env"]} == command["env"]
+        unit = remote.file("/etc/systemd/system/b70-vllm.service").content_string
+        assert API_KEY not in unit
+        for option in command["docker_args"]:
+            assert f"'{option}'" in unit, option
+        assert f"'{image_id}'" in unit
+    check_recipe_facts(recipe, {host.name: recorded(host) for host in hosts}, hosts)
+
+
+def check_recipe_facts(recipe: str, records: dict[str, dict], hosts: list[HostUnderTest]) -> None:
+    """What each recipe must run with, from FACTS.md rather than from the renderer."""
+    p2p, no_p2p = (records[host.name] for host in hosts)
+    if recipe == "pr620-fp8-tp2":
+        # FACTS.md, route a: TP=2, dflash k=4, env VLLM_USE_V2_MODEL_RUNNER=0, ZE_AFFINITY_MASK=0,1.
+        for record in (p2p, no_p2p):
+            assert record["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+            assert record["env"]["ZE_AFFINITY_MASK"] == "0,1"
+            argv = record["argv"]
+            assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+            assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "dflash"
+        assert p2p["env"]["CCL_TOPO_P2P_ACCESS"] == "1"
+        # FACTS.md, the no-P2P path: the simple-algorithm thresholds at 4294967296.
+        assert no_p2p["env"]["CCL_SYCL_ALLREDUCE_SIMPLE_THRESHOLD"] == "4294967296"
+        assert "CCL_SYCL_ALLREDUCE_SIMPLE_THRESHOLD" not in p2p["env"]
+    else:
+        # FACTS.md, route b: dspark runs only on Model Runner V2; k=7 probabilistic on one card.
+        for record in (p2p, no_p2p):
+            assert record["env"].get("VLLM_USE_V2_MODEL_RUNNER", "1") != "0"
+            argv = record["argv"]
+            assert "--tensor-parallel-size" not in argv
+            spec = json.loads(argv[argv.index("--speculative-config") + 1])
+            assert (spec["method"], spec["num_speculative_tokens"]) == ("dspark", 7)
