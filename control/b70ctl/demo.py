@@ -1,7 +1,7 @@
 """`b70ctl demo`: the embedded default end to end on this machine, no GPU needed.
 
-Generates the tiny models, starts a target-only vLLM CPU server and the recipe's speculative one, runs the full
-verify against them, writes the report and stops both servers whatever happens.
+Generates the tiny models, starts the recipe's target-only baseline (TP=1) and its speculative server (TP=2, one
+core per rank), runs the full verify against them, writes the report and stops both servers whatever happens.
 """
 
 from __future__ import annotations

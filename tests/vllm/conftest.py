@@ -1,4 +1,5 @@
-"""Real vLLM (CPU build) serving the generated tiny Qwen3: one baseline and three speculative servers.
+"""Real vLLM (CPU build) serving the generated tiny Qwen3: a TP=1 baseline and three speculative servers at the
+recipe's TP (2).
 
 Started once per test session, side by side, and stopped at the end. Models are generated into the user's
 cache (once per spec), so a second run skips the ~50 s of generation.
@@ -14,6 +15,7 @@ import pytest
 from b70ctl.checks.client import Endpoint
 from b70ctl.embedded import default_cache_dir, ensure_models, start_servers
 from b70ctl.recipes import load_recipe
+from b70ctl.serve.local import LocalServer
 
 VARIANTS = ["baseline", "draft-exact", "draft-perturbed", "ngram"]
 
@@ -37,7 +39,19 @@ def tiny_models(cpu_tiny) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_urls(tiny_models, tmp_path_factory):
+def local_servers(tiny_models, tmp_path_factory) -> dict[str, LocalServer]:
+    """{variant: LocalServer} started here, once per session; empty when B70CTL_TEST_SERVERS names running ones."""
+    if os.environ.get("B70CTL_TEST_SERVERS"):
+        yield {}
+        return
+    servers = start_servers(VARIANTS, tiny_models, tmp_path_factory.mktemp("vllm-logs"))
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_urls(local_servers):
     """{variant: base URL} for baseline, draft-exact (acceptance ~100%), draft-perturbed, ngram.
 
     B70CTL_TEST_SERVERS="baseline=http://127.0.0.1:8101,draft-exact=...,..." reuses servers already running
@@ -47,12 +61,8 @@ def vllm_urls(tiny_models, tmp_path_factory):
         urls = dict(item.split("=", 1) for item in given.split(","))
         missing = set(VARIANTS) - set(urls)
         assert not missing, f"B70CTL_TEST_SERVERS lacks {sorted(missing)}"
-        yield urls
-        return
-    servers = start_servers(VARIANTS, tiny_models, tmp_path_factory.mktemp("vllm-logs"))
-    yield {name: server.url for name, server in servers.items()}
-    for server in servers.values():
-        server.stop()
+        return urls
+    return {name: server.url for name, server in local_servers.items()}
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
+
+import pytest
+
 from b70ctl.checks.client import VllmClient
 
 
@@ -23,3 +29,37 @@ def test_variants_serve_and_speculate(endpoints):
                 assert drafts == 0
             else:
                 assert drafts > 0, f"{name} made no drafts"
+
+
+def _workers(server) -> dict[str, str]:
+    """{process title: cores it may run on} of the vLLM workers in the server's process group."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != server.process.pid:
+                continue
+            title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode()
+            status = (entry / "status").read_text()
+        except (OSError, ProcessLookupError):
+            continue
+        if title.startswith("VLLM::Worker"):
+            found[title] = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M).group(1)
+    return found
+
+
+def test_speculative_servers_run_two_tp_ranks_one_core_each(local_servers, cpu_tiny):
+    """FACTS.md (Added after the first release): vLLM 0.32 CPU serves `--tensor-parallel-size 2` with
+    `VLLM_CPU_OMP_THREADS_BIND="0|1"` (one core per rank) beside a TP=1 target-only baseline. vLLM names each
+    worker process `VLLM::Worker_TP<rank>` when TP > 1, `VLLM::Worker` otherwise (v1/executor/multiproc_executor.py),
+    and OpenMP binds each rank to its cores (utils/ompmultiprocessing.py: OMP_PLACES, OMP_PROC_BIND)."""
+    if not local_servers:
+        pytest.skip("servers given by B70CTL_TEST_SERVERS: their processes are not ours to inspect")
+    assert cpu_tiny.serve.tensor_parallel_size == 2
+    for name, server in local_servers.items():
+        workers = _workers(server)
+        if name == "baseline":
+            assert set(workers) == {"VLLM::Worker"}, (name, workers)
+        else:
+            assert workers == {"VLLM::Worker_TP0": "0", "VLLM::Worker_TP1": "1"}, (name, workers)
