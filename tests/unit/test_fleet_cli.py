@@ -25,8 +25,9 @@ def test_all_met_exits_0_and_writes_three_files(tmp_path):
 
 
 def test_a_host_not_meeting_a_claim_exits_1_and_json_goes_to_stdout(tmp_path):
-    write_host(tmp_path / "reports", "fast", make_report("cpu-tiny", "fast"))
-    write_host(tmp_path / "reports", "slow", make_report("cpu-tiny", "slow", speed=0.1))
+    # pr620's short-median claim is 72.2 tok/s: a host at a tenth of the typical rate cannot meet it.
+    write_host(tmp_path / "reports", "fast", make_report("pr620-fp8-tp2", "fast"))
+    write_host(tmp_path / "reports", "slow", make_report("pr620-fp8-tp2", "slow", speed=0.1))
     result = b70ctl("fleet", "report", str(tmp_path / "reports"), "--out", str(tmp_path / "out"), "--json")
     assert result.returncode == 1, result.stderr
     printed = json.loads(result.stdout)

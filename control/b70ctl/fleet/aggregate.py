@@ -348,7 +348,8 @@ def claim_line(claim: Claim) -> ClaimLine:
 def _claims_of(recipe: Recipe | None, entries: Iterable[HostEntry], report_claims: dict[str, ClaimInfo]
                ) -> list[ClaimInfo]:
     if recipe is not None:
-        return [ClaimInfo(c.id, c.description, c.metric, _claim_bound(c), c.source) for c in recipe.claims]
+        return [ClaimInfo(c.id, c.description, c.metric if c.divided_by is None else f"{c.metric} / {c.divided_by}",
+                          _claim_bound(c), c.source) for c in recipe.claims]
     # A recipe b70ctl does not ship: the claims are those the hosts' reports gave verdicts on.
     ordered: dict[str, ClaimInfo] = {}
     for entry in entries:
@@ -424,7 +425,9 @@ def _workload_distributions(names: list[str], recipe: Recipe | None, columns: _C
     for name in names:
         figures = [f for f in columns.figures[name] if f is not None]
         decode = [f.median_decode_tok_s for f in figures if f.median_decode_tok_s is not None]
-        lines = [claim_line(c) for c in recipe.claims if c.metric.startswith(f"throughput.{name}.")] \
+        # A ratio claim is not a line on a tok/s axis.
+        lines = [claim_line(c) for c in recipe.claims
+                 if c.metric.startswith(f"throughput.{name}.") and c.divided_by is None] \
             if recipe is not None else []
         distributions.append(WorkloadDistribution(
             workload=name,
