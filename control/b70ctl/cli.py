@@ -184,8 +184,15 @@ def verify(
         recipe=loaded, endpoint=target, out_dir=out,
         baseline_endpoint=baseline,
         reference_path=reference, host_facts_path=host_facts, checks=checks)
-    with console.status("verifying", spinner="dots") as status:
-        report = run_verify(request, progress=lambda message: status.update(message))
+    from b70ctl.verify import Terminated
+
+    try:
+        with console.status("verifying", spinner="dots") as status:
+            report = run_verify(request, progress=lambda message: status.update(message))
+    except Terminated:
+        # 143 = 128 + SIGTERM, as a shell reports a process the signal ended; the report says "terminated".
+        console.print(f"terminated: the report in {out} is marked partial (terminated)", highlight=False)
+        raise typer.Exit(143) from None
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:

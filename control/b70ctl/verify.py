@@ -6,9 +6,16 @@ failing run still leaves what it measured (report.json, report.md, raw/) and say
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
+import shutil
+import signal
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -98,6 +105,50 @@ def require_reachable(client: VllmClient, what: str) -> list[str]:
                        "the server is up (/health)") from error
 
 
+class Terminated(Exception):
+    """SIGTERM, as systemd and Ansible stop a run: it ends like an interrupt, with the report marked partial."""
+
+
+class OutDirBusy(BadInput):
+    pass
+
+
+class RunDirectory:
+    """A run owns its --out directory: an exclusive lock (released by the kernel however the run ends) keeps a
+    second run from writing into it at the same time, and raw data of an earlier run is cleared so raw/ only ever
+    holds what this report was computed from."""
+
+    LOCK_NAME = ".verify.lock"
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+        self._handle: Any = None
+
+    def __enter__(self) -> RunDirectory:
+        self._handle = open(self.out_dir / self.LOCK_NAME, "a+")  # noqa: SIM115 (held for the whole run)
+        try:
+            fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as error:
+            self._handle.close()
+            raise OutDirBusy(f"--out {self.out_dir}: another b70ctl verify is writing there: wait for it, or choose "
+                             "another directory") from error
+        self._handle.seek(0)
+        self._handle.truncate()
+        self._handle.write(f"{os.getpid()}\n")
+        self._handle.flush()
+        raw = self.out_dir / "raw"
+        if raw.is_dir() and not raw.is_symlink():
+            stale = self.out_dir / f".raw-stale-{os.getpid()}"
+            raw.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._handle is not None:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+
+
 class ReportWriter:
     def __init__(self, report: Report, recipe: Recipe, out_dir: Path):
         self.report, self.recipe, self.out_dir = report, recipe, out_dir
@@ -105,6 +156,19 @@ class ReportWriter:
     def save(self) -> None:
         write_text_atomically(self.out_dir / "report.json", self.report.model_dump_json(indent=2) + "\n")
         write_text_atomically(self.out_dir / "report.md", render_markdown(self.report, self.recipe))
+
+    def save_partial(self, reason: str) -> None:
+        """The last consistent report, marked partial with why it stopped. When even that cannot be written (a
+        full disk), the report of an earlier step would claim the run is still going: it is removed instead, and
+        the error says so."""
+        self.report.partial, self.report.partial_reason = True, reason
+        try:
+            self.save()
+        except OSError as error:
+            for name in ("report.json", "report.md"):
+                (self.out_dir / name).unlink(missing_ok=True)
+            raise BadInput(f"--out {self.out_dir}: {reason}, and the partial report could not be written "
+                           f"({error.strerror}): no report was left; free space and run again") from error
 
 
 def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
@@ -136,6 +200,19 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
                         environment=environment)
         writer = ReportWriter(report, recipe, request.out_dir)
         raw_dir = request.out_dir / "raw"
+        with RunDirectory(request.out_dir), _sigterm_ends_the_run():
+            return _run_checks(request, report, writer, client, baseline_client, reference, raw_dir, say)
+    finally:
+        client.close()
+        if baseline_client is not None:
+            baseline_client.close()
+
+
+def _run_checks(request: VerifyRequest, report: Report, writer: ReportWriter, client: VllmClient,
+                baseline_client: VllmClient | None, reference: Reference | None, raw_dir: Path,
+                say: Progress) -> Report:
+    recipe, environment = request.recipe, report.environment
+    try:
         writer.save()
         try:
             if "smoke" in request.checks:
@@ -155,18 +232,37 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
             if "throughput" in request.checks:
                 report.throughput = run_throughput(client, recipe, raw_dir, progress=say, baseline=baseline_client)
                 writer.save()
-        except KeyboardInterrupt:
-            report.partial_reason = "interrupted"
+        except (KeyboardInterrupt, Terminated) as stop:
             _finish(report, recipe, complete=False)
-            writer.save()
+            writer.save_partial("interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated")
             raise
         _finish(report, recipe, complete=True)
         writer.save()
         return report
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        _finish(report, recipe, complete=False)
+        writer.save_partial("disk full")
+        raise BadInput(f"--out {request.out_dir}: disk full; the report is marked partial (disk full): free space "
+                       "and run again") from error
+
+
+@contextmanager
+def _sigterm_ends_the_run() -> Iterator[None]:
+    """SIGTERM raises Terminated in the main thread while the run lasts, so the report is closed as partial."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(_signum: int, _frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
     finally:
-        client.close()
-        if baseline_client is not None:
-            baseline_client.close()
+        signal.signal(signal.SIGTERM, previous)
 
 
 BASELINE_PROBE_TOKENS = 8

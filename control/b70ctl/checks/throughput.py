@@ -15,6 +15,7 @@ token on, warm-up included, so no request's prefill is served from the prefix ca
 
 from __future__ import annotations
 
+import errno
 import secrets
 import time
 from collections.abc import Callable
@@ -205,6 +206,8 @@ def _run_workload(client: VllmClient, workload: Workload, raw_dir: Path, report:
     except EndpointError as endpoint_error:
         error = endpoint_error.reason
     except OSError as os_error:  # raw/ not writable: the run cannot be audited, so it stops
+        if os_error.errno == errno.ENOSPC:
+            raise  # a full disk ends the whole run (verify marks the report partial: disk full)
         error = f"cannot write raw data: {os_error}"
 
     if error is not None:

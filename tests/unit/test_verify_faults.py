@@ -1,0 +1,115 @@
+"""verify under faults: SIGTERM (what systemd and Ansible send), a full disk under --out, two runs into one --out,
+and raw data left by an earlier run. Each leaves the last consistent report marked partial with the reason, or
+exits 2 with nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from scripted_server import Script, ScriptedServer
+from test_engine_clock import recipe, run
+
+from b70ctl.errors import BadInput
+from b70ctl.verify import RunDirectory
+
+SLOW = Script(ttft_s=0.05, offsets_s=[0.1 * k for k in range(33)], tokens_per_chunk=[1] * 33)  # 3.2 s a request
+
+
+@pytest.fixture
+def servers():
+    with ScriptedServer() as served, ScriptedServer() as baseline:
+        baseline.speculates = False
+        yield served, baseline
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.rglob("*") if p.name.startswith(".") and p.name != RunDirectory.LOCK_NAME)
+
+
+def test_a_second_run_into_the_same_out_is_refused(servers, tmp_path):
+    served, baseline = servers
+    with RunDirectory(tmp_path):  # a run that is still writing there
+        with pytest.raises(BadInput, match="another b70ctl verify is writing there"):
+            run(recipe(), served, baseline, tmp_path)
+    assert not (tmp_path / "report.json").exists()
+    run(recipe(), served, baseline, tmp_path)  # once it ended, the directory is free again
+    assert json.loads((tmp_path / "report.json").read_text())["partial"] is False
+
+
+def test_raw_data_of_an_earlier_run_is_cleared(servers, tmp_path):
+    served, baseline = servers
+    stale = tmp_path / "raw" / "throughput" / "gone" / "001.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    run(recipe(), served, baseline, tmp_path)
+    assert not stale.exists() and (tmp_path / "raw" / "throughput" / "short" / "001.json").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_sigterm_leaves_the_report_marked_terminated(servers, tmp_path):
+    served, baseline = servers
+    served.scripts["go"] = SLOW
+    recipe_file = tmp_path / "recipe.json"
+    recipe_file.write_text(recipe(requests=6).model_dump_json())
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from b70ctl.cli import main; main()", "verify", "--endpoint", served.url,
+         "--baseline-endpoint", baseline.url, "--recipe", str(recipe_file), "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        # Wait until the throughput check is under way: its first raw request file exists.
+        while not (out / "raw" / "throughput" / "short" / "001.json").exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["partial"] is True and report["partial_reason"] == "terminated"
+    assert report["smoke"]["passed"] and report["correctness"] is not None
+    assert "PARTIAL — terminated" in (out / "report.md").read_text()
+    assert leftovers(out) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs: room for the first report, not for the raw data of a throughput check."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs here (the fault tests run as root, as CI does): {mounted.stderr}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_full_disk_ends_with_one_line_and_no_report_that_lies(servers, small_disk):
+    served, baseline = servers
+    # Large raw records: every request writes its chunks; a 2000-token answer fills 256 KiB within a few requests.
+    served.scripts["go"] = Script(ttft_s=0.0, offsets_s=[0.0] * 2000, tokens_per_chunk=[1] * 2000)
+    big = recipe(requests=12)
+    big = big.model_copy(update={"workloads": [w.model_copy(update={"max_tokens": 2000}) for w in big.workloads]})
+    with pytest.raises(BadInput) as raised:
+        run(big, served, baseline, small_disk)
+    message = str(raised.value)
+    assert "disk full" in message and "\n" not in message
+    report_path = small_disk / "report.json"
+    if report_path.exists():  # what is left says why it stopped, never "running"
+        report = json.loads(report_path.read_text())
+        assert report["partial"] is True and report["partial_reason"] == "disk full"
+    else:
+        assert "no report was left" in message
+    assert leftovers(small_disk) == []
