@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 
 from b70ctl.verify import VerifyRequest, verify
@@ -48,9 +52,13 @@ def test_token_counts_equal_usage_and_max_tokens(exact_report):
             assert sample.completion_tokens == sample.usage_completion_tokens == workload.max_tokens
 
 
-def test_exact_draft_is_accepted_almost_always(exact_report):
+def test_exact_draft_is_accepted_almost_always(exact_report, cpu_tiny):
     report, _ = exact_report
+    on_endpoint = {w.name for w in cpu_tiny.workloads if w.server == "endpoint"}
     for workload in report.throughput.workloads:
+        if workload.name not in on_endpoint:
+            assert workload.spec_decode is None  # the target-only baseline does not draft
+            continue
         spec = workload.spec_decode
         assert spec is not None and not spec.polluted, workload.name
         assert spec.acceptance_rate >= 0.95, (workload.name, spec)
@@ -74,3 +82,79 @@ def test_perturbed_draft_acceptance_falls_with_position(perturbed_report):
 def test_greedy_with_perturbed_draft_is_identical_to_baseline(perturbed_report):
     report, _ = perturbed_report
     assert report.correctness.identical == report.correctness.total
+
+
+def test_every_request_is_timed_on_the_engines_clock(perturbed_report):
+    report, out = perturbed_report
+    for workload in report.throughput.workloads:
+        assert workload.timing_source == "engine", (workload.name, workload.timing_note)
+        for sample in workload.requests:
+            assert sample.engine.generation_tokens == sample.completion_tokens == workload.max_tokens
+            assert sample.decode_tok_s == pytest.approx((sample.completion_tokens - 1) / sample.engine.decode_time_s)
+            # Whatever the delivery did, its verdict follows the 5% rule between the two clocks.
+            off = abs(sample.client_decode_tok_s / sample.decode_tok_s - 1) > 0.05
+            assert sample.delivery == ("distorted" if off else "ok")
+    long = {w.name: w for w in report.throughput.workloads}["long_prompt"]
+    assert long.prompt_tokens_cached == 0  # a new prompt per request: nothing from the prefix cache
+
+
+class BufferingProxy(ThreadingHTTPServer):
+    """A real proxy in front of a real vLLM that holds every streamed answer until it is complete, then sends it
+    in one write: what a busy API server or a buffering reverse proxy does to a stream."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: str):
+        super().__init__(("127.0.0.1", 0), _BufferingHandler)
+        self.upstream = upstream.rstrip("/")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _BufferingHandler(BaseHTTPRequestHandler):
+    server: BufferingProxy
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+    def _relay(self, response: httpx.Response) -> None:
+        body = response.content
+        self.send_response(response.status_code)
+        self.send_header("Content-Type", response.headers.get("content-type", "application/json"))
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._relay(httpx.get(self.server.upstream + self.path, timeout=120))
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._relay(httpx.post(self.server.upstream + self.path, content=body, timeout=300,
+                               headers={"Content-Type": "application/json"}))
+
+
+def test_a_stream_buffered_into_one_burst_keeps_the_engine_rate(endpoints, vllm_urls, cpu_tiny, tmp_path):
+    short = next(w for w in cpu_tiny.workloads if w.name == "short")
+    recipe = cpu_tiny.model_copy(update={"workloads": [short.model_copy(update={"min_requests": 3,
+                                                                                "max_requests": 3})]})
+    proxy = BufferingProxy(vllm_urls["draft-perturbed"])
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        endpoint = dataclasses.replace(endpoints["draft-perturbed"], base_url=proxy.url)
+        report = verify(VerifyRequest(recipe=recipe, out_dir=tmp_path, endpoint=endpoint, checks=("throughput",)))
+    finally:
+        proxy.shutdown()
+    result = report.throughput.workloads[0]
+    assert result.distorted_requests == len(result.requests) == 3
+    for sample in result.requests:
+        assert sample.timing_source == "engine" and sample.delivery == "distorted"
+        # Every token arrived in one read: the client saw no decode at all, or an absurd rate.
+        assert sample.client_decode_tok_s is None or sample.client_decode_tok_s > 5 * sample.decode_tok_s
+        assert sample.decode_tok_s == pytest.approx(63 / sample.engine.decode_time_s)
+    assert result.peak_tok_s is None and result.itl_ms is None
+    # The engine's rate through the proxy is the same server's rate as measured directly, within the noise.
+    assert 10 < result.decode_tok_s.median < 10_000
