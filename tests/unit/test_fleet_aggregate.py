@@ -320,7 +320,7 @@ def test_unknown_recipe_takes_its_claims_from_the_verdicts(tmp_path):
     (fleet,) = aggregate(tmp_path).recipes
     assert fleet.recipe == "site-custom" and fleet.recipe_known is False
     assert [c.claim_id for c in fleet.claims] == ["greedy-identical", "acceptance-friendly-acceptance",
-                                                  "decode-follows-acceptance"]
+                                                  "decode-follows-acceptance", "speculation-vs-target-only"]
     assert all(c.met == 3 for c in fleet.claims)
     assert all(w.claims == [] for w in fleet.workloads)
 
