@@ -10,8 +10,8 @@ checked against a real CPU server:
   accepted beyond max_tokens. So they cannot be matched token for token with the output; only the generation
   tokens can tell pollution.
 - The counters are recorded in the same event-loop step that hands the output to the request, before the request
-  sees it, so a snapshot taken after our last [DONE] includes it. We still re-read once when the generation
-  count is short, in case a future vLLM records later.
+  sees it, so a snapshot taken after our last [DONE] includes it. The throughput check still re-reads briefly
+  when a request's decode histogram has not moved yet, in case a future vLLM records later.
 Label sets (engine per data-parallel rank, model_name) are summed, keeping the served model's when given.
 
 Per-request timing comes from the histograms vLLM observes once per FINISHED request, on the engine core's clock
@@ -25,8 +25,6 @@ STEP (a step can emit several tokens under speculation), so it counts steps, not
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -155,20 +153,6 @@ def snapshot(client: VllmClient, model_name: str | None = None) -> MetricsSnapsh
     if result.generation_tokens is None:
         raise MetricsUnavailable(f"/metrics has no {GENERATION_TOKENS}: not a vLLM server, or its stats are off")
     return result
-
-
-def snapshot_after(client: VllmClient, before: MetricsSnapshot, expected_generation_tokens: float,
-                   model_name: str | None = None, settle_s: float = 1.0,
-                   sleep: Callable[[float], None] = time.sleep) -> MetricsSnapshot:
-    """The snapshot after our requests. Re-reads for up to `settle_s` while the generation count is still short
-    of what we received, so a server that records late is not mistaken for a reset."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        after = snapshot(client, model_name)
-        counted = (after.generation_tokens or 0.0) - (before.generation_tokens or 0.0)
-        if counted >= expected_generation_tokens or time.monotonic() >= deadline:
-            return after
-        sleep(0.1)
 
 
 def _minus(after: float | None, before: float | None) -> float | None:
