@@ -15,6 +15,8 @@ from b70ctl.checks.stats import (
     median_ci,
     median_ci_ranks,
     peak_tok_s,
+    per_token_gaps_s,
+    percentile,
     summarize,
 )
 
@@ -153,3 +155,21 @@ def test_converged_checks_both_ends_against_the_target():
     assert not converged(skewed, 0.02)
     assert converged(skewed, 0.031)
     assert not converged([0.0] * 10)
+
+
+# -- per-token latency --------------------------------------------------------------------------------------
+def test_percentile_interpolates_as_numpy_does():
+    # vLLM's benchmark reports np.percentile (linear interpolation): the same numbers, here from numpy itself.
+    import numpy  # installed with vLLM, which the suite's environment always has
+    values = [random.Random(7).uniform(0, 50) for _ in range(37)]
+    for q in (0, 1, 50, 90, 99, 100):
+        assert percentile(values, q) == pytest.approx(float(numpy.percentile(values, q)), rel=1e-12)
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_each_token_of_a_chunk_waited_the_chunks_gap_over_its_size():
+    # Chunks at 0, 0.1, 0.3 s carrying 1, 4, 2 tokens: 4 tokens that waited 25 ms each, 2 that waited 100 ms.
+    gaps = per_token_gaps_s([(0.0, 1), (0.1, 4), (0.3, 2)])
+    assert gaps == pytest.approx([0.025] * 4 + [0.1] * 2)
+    assert per_token_gaps_s([(0.0, 3)]) == []
