@@ -23,6 +23,8 @@ def quick(recipe: Recipe, speculative: bool = True, temperature: float | None = 
     for workload in recipe.workloads:
         if only is not None and workload.name not in only:
             continue
+        if workload.server == "baseline":
+            continue  # run_throughput is given one server here; verify runs these on the baseline
         update: dict[str, object] = {"warmup_requests": 1, "min_requests": 3, "max_requests": 3}
         if temperature is not None:
             update["temperature"] = temperature
