@@ -88,6 +88,10 @@ def _timing_lines(result: WorkloadResult) -> list[str]:
         lines.append(f"**Delivery distorted in {result.distorted_requests} of {len(result.requests)} requests** "
                      f"(e.g. {reasons[0] if reasons else 'arrivals disagree with the engine'}): their client "
                      "figures are kept in report.json and left out of peak and ITL.")
+    if result.peak_tok_s and result.decode_tok_s and result.peak_tok_s.median < result.decode_tok_s.median:
+        lines.append("Peak reads below the decode rate: the peak counts tokens as they arrived in 1 s windows, the "
+                     "decode rate is the engine's; arrivals spread wider than the engine produced the tokens (a "
+                     "slow or jittery delivery within the 5% band) lower the peak.")
     if result.prompt_tokens_cached:
         lines.append(f"**{result.prompt_tokens_cached} prompt tokens came from the prefix cache: the prefill figure "
                      "measured the cache and is not judged.**")
