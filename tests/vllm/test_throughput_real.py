@@ -63,6 +63,16 @@ def assert_counts_match_usage(result: ThroughputResult, recipe: Recipe) -> None:
     assert result.passed
 
 
+def assert_engine_timed(result: ThroughputResult) -> None:
+    """Every request timed by the server's own per-request histograms, the client's arrivals judged against them."""
+    for workload in result.workloads:
+        assert workload.timing_source == "engine", (workload.name, workload.timing_note)
+        for sample in workload.requests:
+            assert sample.engine.generation_tokens == sample.completion_tokens
+            off = abs(sample.client_decode_tok_s / sample.decode_tok_s - 1) > 0.05
+            assert sample.delivery == ("distorted" if off else "ok")
+
+
 def assert_acceptance_matches_metrics(workload: WorkloadResult, raw_dir: Path) -> None:
     before = (raw_dir / "throughput" / workload.name / "metrics_before.txt").read_text()
     after = (raw_dir / "throughput" / workload.name / "metrics_after.txt").read_text()
@@ -95,6 +105,7 @@ def test_baseline_serves_and_counts_tokens_exactly(endpoints, cpu_tiny, tmp_path
         assert smoke.passed, [(c.name, c.reason) for c in smoke.checks if not c.passed]
         result = run_throughput(client, recipe, tmp_path / "raw")
     assert_counts_match_usage(result, recipe)
+    assert_engine_timed(result)
     for workload in result.workloads:
         assert workload.spec_decode is None or workload.spec_decode.num_drafts == 0
     figures = throughput_measurements(result)
@@ -140,5 +151,6 @@ def test_ngram_acceptance_matches_its_counters(endpoints, cpu_tiny, tmp_path):
     with VllmClient(endpoints["ngram"]) as client:
         result = run_throughput(client, recipe, tmp_path / "raw")
     assert_counts_match_usage(result, recipe)
+    assert_engine_timed(result)
     for workload in result.workloads:
         assert_acceptance_matches_metrics(workload, tmp_path / "raw")
