@@ -148,6 +148,8 @@ def verify(
     check: Annotated[list[str] | None, typer.Option(
         help="Run only these checks: smoke, correctness, throughput (repeatable)")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a request may stall before it fails")] = 120.0,
+    max_answer_mb: Annotated[float, typer.Option(
+        help="Most MiB read from one answer; a larger one fails its request, saying so")] = 64.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json to stdout")] = False,
 ) -> None:
     """Smoke, greedy correctness and throughput checks against a vLLM endpoint, with a verdict per claim.
@@ -161,10 +163,13 @@ def verify(
 
     if not math.isfinite(timeout) or timeout <= 0:
         fail(f"--timeout {timeout:g}: give the seconds a request may stall, a number above 0")
+    if not math.isfinite(max_answer_mb) or max_answer_mb <= 0:
+        fail(f"--max-answer-mb {max_answer_mb:g}: give the MiB one answer may hold, a number above 0")
     loaded = load_recipe(recipe)
     key = read_api_key(api_key_file)
-    target = endpoint_of(endpoint, "--endpoint", model=model, api_key=key, timeout_s=timeout)
-    baseline = (endpoint_of(baseline_endpoint, "--baseline-endpoint", api_key=key, timeout_s=timeout)
+    limits = {"timeout_s": timeout, "max_answer_bytes": int(max_answer_mb * 2**20)}
+    target = endpoint_of(endpoint, "--endpoint", model=model, api_key=key, **limits)
+    baseline = (endpoint_of(baseline_endpoint, "--baseline-endpoint", api_key=key, **limits)
                 if baseline_endpoint else None)
     if record_reference is not None:
         with VllmClient(replace(target, model=model or loaded.serve.served_model_name)) as client:

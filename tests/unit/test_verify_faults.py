@@ -8,13 +8,16 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from scripted_server import Script, ScriptedServer
 from test_engine_clock import recipe, run
 
+from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
 from b70ctl.errors import BadInput
 from b70ctl.verify import RunDirectory
 
@@ -113,3 +116,58 @@ def test_a_full_disk_ends_with_one_line_and_no_report_that_lies(servers, small_d
     else:
         assert "no report was left" in message
     assert leftovers(small_disk) == []
+
+
+class _Huge(BaseHTTPRequestHandler):
+    """Answers every request with 8 MiB: a JSON model list, or an endless stream line."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+    def _send(self, content_type: str, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def do_GET(self) -> None:
+        models = {"object": "list", "data": [{"id": "m" * 64, "object": "model"}] * 60_000}
+        self._send("application/json", json.dumps(models).encode())
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._send("text/event-stream", b"data: " + b"x" * (8 * 2**20) + b"\n\n")
+
+
+@pytest.fixture
+def huge_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Huge)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_an_answer_over_the_limit_is_not_read_and_says_so(huge_server):
+    endpoint = Endpoint(huge_server, model="m", timeout_s=10, max_answer_bytes=2**20)
+    with VllmClient(endpoint) as client:
+        with pytest.raises(EndpointError, match=r"GET /v1/models: the answer is larger than 1 MiB: read no further"):
+            client.models()
+        stream = client.stream("completions", "go", 8)
+    assert stream.error.startswith("stream cut: the answer is larger than 1 MiB") and not stream.chunks
+
+
+def test_verify_cli_refuses_a_limit_that_is_no_number(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-c", "from b70ctl.cli import main; main()", "verify", "--endpoint", "http://127.0.0.1:9",
+         "--recipe", "cpu-tiny", "--out", str(tmp_path / "out"), "--max-answer-mb", "0"],
+        capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert [line for line in completed.stderr.splitlines() if line.strip()] == [
+        "error: --max-answer-mb 0: give the MiB one answer may hold, a number above 0"]

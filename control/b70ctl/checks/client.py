@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
 
 Api = Literal["completions", "chat"]
+DEFAULT_MAX_ANSWER_BYTES = 64 * 2**20
 
 
 class EndpointError(Exception):
@@ -71,6 +73,13 @@ class Endpoint:
     timeout_s: float = 60.0  # connect and between two chunks: a stream that stalls longer fails
     # user and password taken out of the URL (http://user:pw@host): sent as basic auth, never printed
     basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+    # Most bytes read from one answer: a server (or whatever answers at the URL) sending hundreds of MB must not
+    # grow raw/ and memory without bound. Answers of vLLM to verify's requests are far below it.
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+
+
+class AnswerTooLarge(Exception):
+    pass
 
 
 class VllmClient:
@@ -96,17 +105,44 @@ class VllmClient:
         self.close()
 
     # -- plain requests -------------------------------------------------------------------------------
-    def get(self, path: str) -> httpx.Response:
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One plain request, its answer read up to the endpoint's byte limit."""
         try:
-            return self._http.get(path)
+            with self._http.stream(method, path, **kwargs) as response:
+                content = b"".join(self._capped(response.iter_bytes()))
+                return httpx.Response(response.status_code, headers=response.headers, content=content,
+                                      request=response.request)
+        except AnswerTooLarge as error:
+            raise EndpointError(f"{method} {path}: {error}") from error
         except httpx.HTTPError as error:
-            raise EndpointError(f"GET {path}: {_describe(error)}") from error
+            raise EndpointError(f"{method} {path}: {_describe(error)}") from error
+
+    def _capped(self, parts: Iterator[bytes]) -> Iterator[bytes]:
+        limit, received = self.endpoint.max_answer_bytes, 0
+        for part in parts:
+            received += len(part)
+            if received > limit:
+                raise AnswerTooLarge(f"the answer is larger than {limit / 2**20:g} MiB: read no further "
+                                     "(--max-answer-mb raises the limit)")
+            yield part
+
+    def _lines(self, response: httpx.Response) -> Iterator[str]:
+        """The answer's lines as they arrive, within the byte limit (a line never grows past it either)."""
+        pending = bytearray()
+        for part in self._capped(response.iter_bytes()):
+            pending += part
+            *lines, rest = bytes(pending).split(b"\n")
+            pending = bytearray(rest)
+            for line in lines:
+                yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+        if pending:
+            yield bytes(pending).decode("utf-8", errors="replace")
+
+    def get(self, path: str) -> httpx.Response:
+        return self._request("GET", path)
 
     def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            response = self._http.post(path, json=body)
-        except httpx.HTTPError as error:
-            raise EndpointError(f"POST {path}: {_describe(error)}") from error
+        response = self._request("POST", path, json=body)
         if response.status_code != 200:
             raise EndpointError(f"POST {path}: HTTP {response.status_code}: {_error_text(response)}",
                                 response.status_code)
@@ -206,10 +242,15 @@ class VllmClient:
         try:
             with self._http.stream("POST", path, json=body) as response:
                 if response.status_code != 200:
-                    response.read()
-                    result.error = f"HTTP {response.status_code}: {_error_text(response)}"
+                    try:
+                        content = b"".join(self._capped(response.iter_bytes()))
+                    except AnswerTooLarge:
+                        content = b""
+                    answer = httpx.Response(response.status_code, headers=response.headers, content=content,
+                                            request=response.request)
+                    result.error = f"HTTP {response.status_code}: {_error_text(answer)}"
                     return result
-                for line in response.iter_lines():
+                for line in self._lines(response):
                     now = time.perf_counter() - start
                     if not line.startswith("data:"):
                         continue
@@ -218,6 +259,8 @@ class VllmClient:
                         result.done = True
                         break
                     _ingest(result, json.loads(payload), now)
+        except AnswerTooLarge as error:
+            result.error = f"stream cut: {error}"
         except httpx.ReadTimeout:
             result.error = f"stream stalled: no data for {self.endpoint.timeout_s:g} s"
         except httpx.HTTPError as error:
