@@ -5,6 +5,7 @@ exits 2 with nothing half-written."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -171,3 +172,52 @@ def test_verify_cli_refuses_a_limit_that_is_no_number(tmp_path):
     assert completed.returncode == 2
     assert [line for line in completed.stderr.splitlines() if line.strip()] == [
         "error: --max-answer-mb 0: give the MiB one answer may hold, a number above 0"]
+
+
+# -- small inputs that must be one line and exit 2 ------------------------------------------------------------
+def b70ctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "from b70ctl.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("/dev/zero", "recipe file /dev/zero: not a regular file"),
+    ("fifo", "not a regular file"),
+    ("big.yaml", "larger than a recipe can be"),
+    ("latin1.yaml", "not UTF-8 text"),
+])
+def test_recipe_files_that_are_not_recipes(tmp_path, path, message):
+    if path == "fifo":
+        path = str(tmp_path / "recipe.fifo")
+        os.mkfifo(path)
+    elif path == "big.yaml":
+        path = str(tmp_path / "big.yaml")
+        Path(path).write_text("# " + "x" * (2 * 2**20) + "\n")
+    elif path == "latin1.yaml":
+        path = str(tmp_path / "latin1.yaml")
+        Path(path).write_bytes("name: caf\xe9\n".encode("latin-1"))
+    completed = b70ctl("recipes", "show", path)
+    assert completed.returncode == 2
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], completed.stderr
+
+
+@pytest.mark.parametrize(("pair", "message"), [
+    ("BAD NAME=1", "not an environment variable name"),
+    ("1ST=1", "not an environment variable name"),
+    ("NAME=line\nbreak", "the value holds a line break"),
+])
+def test_serve_render_refuses_env_that_cannot_be_an_environment(pair, message):
+    completed = b70ctl("serve", "render", "--recipe", "cpu-tiny", "--env", pair)
+    assert completed.returncode == 2
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], completed.stderr
+
+
+def test_a_nan_figure_is_not_measured_not_judged():
+    from b70ctl.recipes.model import Claim
+    from b70ctl.report.verdict import judge
+
+    claim = Claim(id="c", description="d", metric="m", op=">=", value=1.0, source="test")
+    verdict = judge(claim, {"m": float("nan")})
+    assert verdict.verdict == "not_measured" and "not a finite number" in verdict.reason

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from importlib import resources
+import stat
 from pathlib import Path
 
 import yaml
@@ -37,9 +38,23 @@ def _first_error(error: ValidationError) -> str:
     return f"{location}: {message}"
 
 
+# A recipe is a page of YAML; anything much larger is not one (and /dev/zero would never end).
+MAX_RECIPE_BYTES = 1 * 2**20
+
+
 def load_recipe_file(path: Path) -> Recipe:
+    path = Path(path)
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        status = path.stat()
+        if not stat.S_ISREG(status.st_mode):
+            kind = "a directory" if stat.S_ISDIR(status.st_mode) else "not a regular file"
+            raise BadInput(f"recipe file {path}: {kind}: give the path of a recipe YAML file")
+        if status.st_size > MAX_RECIPE_BYTES:
+            raise BadInput(f"recipe file {path}: {status.st_size} bytes, larger than a recipe can be "
+                           f"({MAX_RECIPE_BYTES} bytes): give the path of a recipe YAML file")
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise BadInput(f"recipe file {path}: not UTF-8 text (byte {error.start}): save it as UTF-8") from error
     except OSError as error:
         raise BadInput(f"recipe file {path}: {error.strerror}") from error
     except yaml.YAMLError as error:

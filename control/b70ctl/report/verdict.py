@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from b70ctl.recipes.model import Claim
 from b70ctl.report.model import ClaimVerdict
 
@@ -38,6 +40,10 @@ def judge(claim: Claim, measurements: Measurements) -> ClaimVerdict:
             "bound": describe_bound(claim), "source": claim.source, "measured": measured}
     if measured is None:
         return ClaimVerdict(verdict="not_measured", reason=f"no measurement {missing} in this run", **base)
+    figures = measured if isinstance(measured, list) else [measured]
+    if not all(math.isfinite(float(figure)) for figure in figures):
+        return ClaimVerdict(verdict="not_measured", reason=f"{metric} is not a finite number (a NaN or infinite "
+                            "counter): nothing to judge", **base)
 
     tol = claim.tolerance
     if claim.op == "per_position":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -37,6 +38,11 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise BadInput(f"--env {pair!r} is not NAME=VALUE: write it as --env NAME=VALUE")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise BadInput(f"--env {name!r}: not an environment variable name (letters, digits, _; not first a "
+                           "digit): fix the name")
+        if any(ord(character) < 32 or ord(character) == 127 for character in value):
+            raise BadInput(f"--env {name}: the value holds a line break or control character: give one line")
         env[name] = value
     return env
 
