@@ -37,7 +37,7 @@ from b70ctl.errors import BadInput
 from b70ctl.files import write_text_atomically
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.markdown import render_markdown
-from b70ctl.report.model import Environment, Report
+from b70ctl.report.model import DiagnosedFailure, Environment, Report
 from b70ctl.report.verdict import judge_all
 
 Progress = Callable[[str], None]
@@ -313,6 +313,19 @@ def _finish(report: Report, recipe: Recipe, complete: bool) -> None:
     # A claim left unjudged is not a pass: "all checks passed" means every claim was measured and met.
     report.passed = (complete and checks_passed
                      and all(verdict.verdict == "met" for verdict in report.verdicts))
+    report.diagnosis = diagnose_report(report)
+
+
+def diagnose_report(report: Report) -> list[DiagnosedFailure]:
+    """The known failures (b70ctl diagnose's catalogue) that the report's own findings match: garbage output, a
+    failed probe, a crashed server... named with the fix, in the report and from there in the fleet report."""
+    from b70ctl.diagnose import diagnose_lines, load_catalogue
+    from b70ctl.diagnose.collect import report_lines
+
+    lines = report_lines(report.model_dump(mode="json"), "report.json")
+    found = diagnose_lines(load_catalogue(), lines, ["report.json"])
+    return [DiagnosedFailure(id=match.id, title=match.title, fix=match.fix.text,
+                             evidence=[line.text for line in match.evidence]) for match in found.failures]
 
 
 def _host_of(url: str) -> str:

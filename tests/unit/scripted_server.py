@@ -87,6 +87,7 @@ class ScriptedServer(ThreadingHTTPServer):
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (path, body) of every POST
         self.speculates = True
         self.request_histograms = True  # False: a server that exports no per-request timing
+        self.first_token_id = 100  # another value makes this server's greedy output differ from a default one
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generation": 0}
         # Histogram name -> [sum, count], observed once per finished request like vLLM's.
         self.histograms: dict[str, list[float]] = {name: [0.0, 0.0] for name in HISTOGRAMS}
@@ -258,7 +259,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._complete(script, prompt_tokens, chat)
 
     def _token_ids(self, script: Script) -> list[list[int]]:
-        next_id = 100
+        next_id = self.server.first_token_id
         per_chunk = []
         for count in script.tokens_per_chunk:
             per_chunk.append(list(range(next_id, next_id + count)))

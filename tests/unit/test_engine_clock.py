@@ -267,3 +267,24 @@ def test_a_baseline_workload_without_a_baseline_server_is_not_measured(server, t
         result = run_throughput(client, recipe_with(on_baseline), tmp_path / "raw")
     assert result.workloads[0].error.startswith("runs on the target-only baseline: pass --baseline-endpoint")
     assert not result.passed and server.sent == []
+
+
+def test_a_server_whose_greedy_output_matches_nothing_is_diagnosed_in_report_and_fleet(servers, tmp_path):
+    served, baseline = servers
+    served.first_token_id = 700  # every greedy output differs from the baseline's from the first token on
+    greedy = Claim(id="greedy", description="greedy identical", metric="correctness.identical_fraction", op=">=",
+                   value=1.0, source="test")
+    report = run(recipe(greedy, requests=1), served, baseline, tmp_path / "reports" / "host-a")
+    assert report.correctness.identical == 0 and not report.passed
+    # The catalogue's entry for silent garbage (its source: FACTS.md "Several image builds silently produce garbage").
+    assert [failure.id for failure in report.diagnosis] == ["silent-garbage-output"]
+    assert "identical 0/2" in report.diagnosis[0].evidence[0]
+    markdown = (tmp_path / "reports" / "host-a" / "report.md").read_text()
+    assert "## Diagnosis" in markdown and "**silent-garbage-output**" in markdown
+
+    from b70ctl.fleet.aggregate import aggregate
+    from b70ctl.fleet.render import render_markdown as render_fleet
+
+    fleet = aggregate(tmp_path / "reports")
+    assert [(group.id, group.hosts) for group in fleet.diagnosed] == [("silent-garbage-output", ["host-a"])]
+    assert "`silent-garbage-output`" in render_fleet(fleet)

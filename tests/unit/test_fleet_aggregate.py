@@ -59,9 +59,9 @@ def build_planted_fleet(reports_dir: Path) -> None:
     write_host(reports_dir, SCHEMA_0_HOST, to_schema_0(make_report(PR620, SCHEMA_0_HOST)), facts=HOST_FACTS)
     valid = make_report(PR620, TRUNCATED_HOST).model_dump_json()
     write_host(reports_dir, TRUNCATED_HOST).joinpath("report.json").write_text(valid[: len(valid) // 3])
-    middle = len(valid) // 2
-    write_host(reports_dir, CORRUPT_HOST).joinpath("report.json").write_text(
-        valid[:middle] + "}}]]" + valid[middle + 4:])
+    # Stray brackets after a comma past the middle: broken JSON wherever the fields happen to fall.
+    middle = valid.index(',"', len(valid) // 2) + 1
+    write_host(reports_dir, CORRUPT_HOST).joinpath("report.json").write_text(valid[:middle] + "}}]]" + valid[middle:])
     future = json.loads(make_report(PR620, FUTURE_SCHEMA_HOST).model_dump_json())
     future["schema_version"] = 3
     write_host(reports_dir, FUTURE_SCHEMA_HOST, future)

@@ -35,6 +35,7 @@ from b70ctl.fleet.model import (
     DRIFT_FIELDS,
     ClaimCount,
     ClaimLine,
+    DiagnosedGroup,
     DriftValue,
     FieldDrift,
     FieldValueEffect,
@@ -72,6 +73,8 @@ class Collected:
     problems: list[InputProblem] = field(default_factory=list)
     # Per recipe, the claims its reports gave verdicts on (first seen): the claims of a recipe b70ctl does not ship.
     report_claims: dict[str, dict[str, ClaimInfo]] = field(default_factory=dict)
+    # Known failures the reports name: diagnose id -> (title, fix), as the first report gave them.
+    failures: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @contextmanager
@@ -172,6 +175,7 @@ def host_entry_from_report(host: str, loaded: LoadedReport, facts: BaseModel | N
         "workloads": workload_figures(report),
         "verdicts": [{"claim_id": v.claim_id, "verdict": v.verdict, "measured": v.measured, "reason": v.reason}
                      for v in report.verdicts],
+        "diagnosed": [failure.id for failure in report.diagnosis],
     })
 
 
@@ -215,6 +219,8 @@ def _read_host(host: str, report_path: Path, facts_path: Path | None, marker_pat
         else:
             facts = read
     collected.entries.append(host_entry_from_report(host, loaded, facts))
+    for failure in loaded.report.diagnosis:
+        collected.failures.setdefault(failure.id, (failure.title, failure.fix))
     claims = collected.report_claims.setdefault(loaded.report.recipe, {})
     for verdict in loaded.report.verdicts:
         if verdict.claim_id not in claims:
@@ -581,6 +587,17 @@ def _recipe_fleet(name: str, members: list[HostEntry], shipped: set[str], report
     )
 
 
+def diagnosed_groups(entries: Iterable[HostEntry], failures: dict[str, tuple[str, str]]) -> list[DiagnosedGroup]:
+    """Hosts grouped by the known failure their reports name, the largest group first."""
+    hosts: dict[str, list[str]] = {}
+    for entry in entries:
+        for failure_id in entry.diagnosed:
+            hosts.setdefault(failure_id, []).append(entry.host)
+    return [DiagnosedGroup(id=failure_id, title=failures.get(failure_id, (failure_id, ""))[0],
+                           fix=failures.get(failure_id, ("", "see b70ctl diagnose"))[1], hosts=sorted(members))
+            for failure_id, members in sorted(hosts.items(), key=lambda item: (-len(item[1]), item[0]))]
+
+
 def build_fleet_report(collected: Collected, source: str, *, generated_at: datetime | None = None
                        ) -> FleetReport:
     """Pure: the fleet report of already collected host entries."""
@@ -630,6 +647,7 @@ def build_fleet_report(collected: Collected, source: str, *, generated_at: datet
         recipes=recipes,
         hosts=entries,
         problems=problems,
+        diagnosed=diagnosed_groups(entries, collected.failures),
         outlier_threshold=stats.OUTLIER_THRESHOLD,
     )
 

@@ -120,6 +120,7 @@ class HostEntry(Model):
     workloads: list[WorkloadFigures] = Field(default_factory=list)
     verdicts: list[HostClaimVerdict] = Field(default_factory=list)
     all_claims_met: bool = False
+    diagnosed: list[str] = Field(default_factory=list, description="Known failures its report names (diagnose ids)")
     drift_fields: list[str] = Field(default_factory=list, description="Fields differing from the recipe majority")
     outlier_workloads: list[str] = Field(default_factory=list)
 
@@ -264,6 +265,15 @@ class FleetSummary(Model):
     problems: int
 
 
+class DiagnosedGroup(Model):
+    """Hosts whose reports name the same known failure (b70ctl diagnose's catalogue), with its fix."""
+
+    id: str
+    title: str
+    fix: str
+    hosts: list[str]
+
+
 class FleetReport(Model):
     schema_version: Literal[1] = FLEET_SCHEMA_VERSION
     tool_version: str
@@ -274,4 +284,5 @@ class FleetReport(Model):
     recipes: list[RecipeFleet]
     hosts: list[HostEntry]
     problems: list[InputProblem]
+    diagnosed: list[DiagnosedGroup] = Field(default_factory=list, description="Hosts grouped by known failure")
     outlier_threshold: float = Field(description="|robust z| above which a host is an outlier")

@@ -186,6 +186,13 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
                      f"| {verdict.source} |")
     lines.append("")
 
+    if report.diagnosis:
+        lines += ["## Diagnosis", "", "Known failures the findings below match (`b70ctl diagnose`'s catalogue):", ""]
+        for failure in report.diagnosis:
+            lines.append(f"- **{failure.id}** — {failure.title}. Fix: {failure.fix}")
+            lines += [f"  - `{evidence[:200]}`" for evidence in failure.evidence]
+        lines.append("")
+
     lines += ["## Throughput (concurrency 1)", ""]
     if report.throughput is None:
         lines += ["Not measured.", ""]

@@ -212,6 +212,15 @@ class ClaimVerdict(Model):
     reason: str | None = None
 
 
+class DiagnosedFailure(Model):
+    """A known failure the report's own findings match (b70ctl diagnose's catalogue), with its fix."""
+
+    id: str
+    title: str
+    fix: str
+    evidence: list[str] = Field(default_factory=list, description="The findings that matched")
+
+
 class Environment(Model):
     """What was served and where. Filled from the endpoint itself, and from host facts when verify is given
     them (the appliance passes --host-facts); every field is optional because a bare endpoint tells little."""
@@ -253,4 +262,5 @@ class Report(Model):
         default_factory=dict, description="Flat figures claims refer to, e.g. throughput.short.decode_tok_s.median"
     )
     verdicts: list[ClaimVerdict] = Field(default_factory=list)
+    diagnosis: list[DiagnosedFailure] = Field(default_factory=list, description="Known failures its findings match")
     passed: bool = False
