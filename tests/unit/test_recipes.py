@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from b70ctl.errors import BadInput
+from b70ctl.recipes.model import Claim
 from b70ctl.recipes import load_recipe, load_recipe_file, recipe_names, recipe_path
 
 
@@ -70,3 +71,15 @@ def test_known_bad_combinations_are_refused(tmp_path, name, edit, message):
 def test_unknown_recipe_names_the_choices():
     with pytest.raises(BadInput, match="unknown recipe 'nope': choose one of cpu-tiny"):
         load_recipe("nope")
+
+
+def test_claim_sources_survive_yaml_and_a_source_cut_at_a_comment_is_refused(tmp_path):
+    # YAML reads an unquoted " #" as the start of a comment: "PR #620" arrives as "PR".
+    cut = yaml.safe_load("source: intel/llm-scaler PR #620 (seed 000)\n")["source"]
+    assert cut == "intel/llm-scaler PR"
+    shipped = load_recipe("pr620-fp8-tp2")
+    assert all("#620" in claim.source for claim in shipped.claims)
+    assert all(claim.url == "https://github.com/intel/llm-scaler/pull/620" for claim in shipped.claims)
+    claim = shipped.claims[0].model_dump() | {"source": cut}
+    with pytest.raises(ValueError, match="ends mid-reference: quote it in the YAML"):
+        Claim.model_validate(claim)

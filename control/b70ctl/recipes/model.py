@@ -8,6 +8,8 @@ has to re-check them.
 
 from __future__ import annotations
 
+import re
+
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -181,7 +183,8 @@ class Claim(Strict):
     high: float | None = None
     values: list[float] | None = None
     tolerance: Tolerance = Tolerance()
-    source: str
+    source: str = Field(min_length=1, description="Who published the figure, in words a reader can find")
+    url: str | None = Field(None, pattern=r"^https?://\S+$", description="Where the figure was published")
 
     @model_validator(mode="after")
     def _operands(self) -> Claim:
@@ -189,6 +192,10 @@ class Claim(Strict):
         missing = [name for name in needed[self.op] if getattr(self, name) is None]
         if missing:
             raise ValueError(f"claim {self.id!r} with op {self.op!r} needs {', '.join(missing)}")
+        # An unquoted " #" in YAML starts a comment: "intel/llm-scaler PR #620" would arrive as "...PR".
+        if re.search(r"(\bPR|\bpull request|\bissue|\bseed|#)\s*$", self.source, re.IGNORECASE):
+            raise ValueError(f"claim {self.id!r}: source {self.source!r} ends mid-reference: quote it in the YAML "
+                             "(an unquoted ' #' starts a comment)")
         if self.divided_by is not None and self.op == "per_position":
             raise ValueError(f"claim {self.id!r}: divided_by takes one figure, not per-position rates")
         return self

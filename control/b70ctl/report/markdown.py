@@ -182,8 +182,9 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
         shown = (" ".join(f"{m:.2f}" for m in measured) if isinstance(measured, list)
                  else _fmt(measured, 3) if measured is not None else "–")
         note = f" — {verdict.reason}" if verdict.reason else ""
+        source = f"[{verdict.source}]({verdict.url})" if verdict.url else verdict.source
         lines.append(f"| {verdict.description} | {verdict.bound} | {shown} | {VERDICT_MARK[verdict.verdict]}{note} "
-                     f"| {verdict.source} |")
+                     f"| {source} |")
     lines.append("")
 
     if report.diagnosis:

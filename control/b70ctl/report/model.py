@@ -209,6 +209,7 @@ class ClaimVerdict(Model):
     measured: float | list[float] | None
     bound: str = Field(description="What was required, tolerance included, as text")
     source: str
+    url: str | None = Field(None, description="Where the claim was published")
     reason: str | None = None
 
 

@@ -37,7 +37,7 @@ def judge(claim: Claim, measurements: Measurements) -> ClaimVerdict:
             measured = float(measured) / float(denominator)
     metric = claim.metric if claim.divided_by is None else f"{claim.metric} / {claim.divided_by}"
     base = {"claim_id": claim.id, "description": claim.description, "metric": metric,
-            "bound": describe_bound(claim), "source": claim.source, "measured": measured}
+            "bound": describe_bound(claim), "source": claim.source, "url": claim.url, "measured": measured}
     if measured is None:
         return ClaimVerdict(verdict="not_measured", reason=f"no measurement {missing} in this run", **base)
     figures = measured if isinstance(measured, list) else [measured]
