@@ -23,7 +23,8 @@ from b70ctl.report.verdict import describe_bound
 if TYPE_CHECKING:
     from b70ctl.checks.client import Endpoint
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__,
+                  context_settings={"help_option_names": ["-h", "--help"]})
 recipes_app = typer.Typer(no_args_is_help=True, help="The recipes b70ctl ships.")
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(__import__("b70ctl.lock.cli", fromlist=["app"]).app, name="lock")
@@ -35,6 +36,21 @@ app.add_typer(__import__("b70ctl.serve.cli", fromlist=["app"]).app, name="serve"
 app.command("diagnose")(__import__("b70ctl.diagnose.cli", fromlist=["diagnose_command"]).diagnose_command)
 
 console = Console(stderr=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from b70ctl import __version__
+
+        print(f"b70ctl {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print b70ctl's version and exit")] = False,
+             ) -> None:
+    """Run Qwen3.8-27B with a DSpark drafter on Arc Pro B70 hosts, and verify it against the published claims."""
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -168,8 +168,9 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
         f"{recipe.serve.max_model_len}",
     ]
     for label, value in (("Host", env.hostname), ("Appliance hash", env.appliance_hash),
-                         ("Image", env.image_digest), ("Kernel", env.kernel), ("GPUs", env.gpu_model and
-                         f"{env.gpu_count} × {env.gpu_model}"), ("P2P profile", env.p2p_profile)):
+                         ("Image", env.image_digest), ("Kernel", env.kernel),
+                         # gpu_model counts per model already ("2x B70"): the count is not printed twice
+                         ("GPUs", env.gpu_model), ("P2P profile", env.p2p_profile)):
         if value:
             lines.append(f"- {label}: {value}")
     lines += [f"- Run: {report.started_at:%Y-%m-%d %H:%M:%S} UTC, b70ctl {report.tool_version}", ""]
