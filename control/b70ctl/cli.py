@@ -161,6 +161,8 @@ def verify(
     model: Annotated[str | None, typer.Option(help="Served model name, if not the recipe's")] = None,
     api_key_file: Annotated[Path | None, typer.Option(help="File holding the API key (else $B70CTL_API_KEY)")] = None,
     host_facts: Annotated[Path | None, typer.Option(help="Host facts JSON to record in the report")] = None,
+    host: Annotated[str | None, typer.Option(
+        help="Name of the verified host in the reports (default: from --host-facts, else the report's directory)")] = None,
     check: Annotated[list[str] | None, typer.Option(
         help="Run only these checks: smoke, correctness, throughput (repeatable)")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a request may stall before it fails")] = 120.0,
@@ -204,7 +206,7 @@ def verify(
     request = VerifyRequest(
         recipe=loaded, endpoint=target, out_dir=out,
         baseline_endpoint=baseline,
-        reference_path=reference, host_facts_path=host_facts, checks=checks)
+        reference_path=reference, host_facts_path=host_facts, host=host, checks=checks)
     from b70ctl.verify import Terminated
 
     try:

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,6 +55,7 @@ class VerifyRequest:
     baseline_endpoint: Endpoint | None = None
     reference_path: Path | None = None
     host_facts_path: Path | None = None
+    host: str | None = None  # the verified host's name, when no host facts give it
     checks: tuple[str, ...] = ("smoke", "correctness", "throughput")
 
 
@@ -192,7 +192,9 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
 
         environment.served_model = model
         environment.vllm_version = server_vllm_version(client)
-        environment.hostname = environment.hostname or _host_of(request.endpoint.base_url)
+        # The verified host: its facts, else --host, else none (the fleet report then names it by its directory);
+        # never the machine verify runs on, which would make every hand-made report the same host.
+        environment.hostname = environment.hostname or request.host
         report = Report(tool_version=__version__, recipe=recipe.name, endpoint=request.endpoint.base_url,
                         baseline=(request.baseline_endpoint.base_url if request.baseline_endpoint
                                   else str(request.reference_path) if request.reference_path else None),
@@ -326,8 +328,3 @@ def diagnose_report(report: Report) -> list[DiagnosedFailure]:
     found = diagnose_lines(load_catalogue(), lines, ["report.json"])
     return [DiagnosedFailure(id=match.id, title=match.title, fix=match.fix.text,
                              evidence=[line.text for line in match.evidence]) for match in found.failures]
-
-
-def _host_of(url: str) -> str:
-    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
-    return socket.gethostname() if host in ("127.0.0.1", "localhost", "[::1]") else host

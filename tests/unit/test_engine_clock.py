@@ -288,3 +288,18 @@ def test_a_server_whose_greedy_output_matches_nothing_is_diagnosed_in_report_and
     fleet = aggregate(tmp_path / "reports")
     assert [(group.id, group.hosts) for group in fleet.diagnosed] == [("silent-garbage-output", ["host-a"])]
     assert "`silent-garbage-output`" in render_fleet(fleet)
+
+
+def test_reports_made_by_hand_for_three_endpoints_are_three_hosts(servers, tmp_path):
+    served, baseline = servers
+    for name in ("box-a", "box-b", "box-c"):
+        report = run(recipe(DECODE_AT_LEAST_40, requests=1), served, baseline, tmp_path / "reports" / name)
+        assert report.environment.hostname is None  # not the machine verify ran on
+    named = run(recipe(DECODE_AT_LEAST_40, requests=1), served, baseline, tmp_path / "named", host="gpu-7")
+    assert named.environment.hostname == "gpu-7"
+
+    from b70ctl.fleet.aggregate import aggregate
+
+    fleet = aggregate(tmp_path / "reports")
+    assert sorted(entry.host for entry in fleet.hosts) == ["box-a", "box-b", "box-c"]
+    assert fleet.summary.hosts == 3 and fleet.summary.duplicate == 0 and fleet.summary.all_claims_met == 3
