@@ -302,4 +302,4 @@ def test_reports_made_by_hand_for_three_endpoints_are_three_hosts(servers, tmp_p
 
     fleet = aggregate(tmp_path / "reports")
     assert sorted(entry.host for entry in fleet.hosts) == ["box-a", "box-b", "box-c"]
-    assert fleet.summary.hosts == 3 and fleet.summary.duplicate == 0 and fleet.summary.all_claims_met == 3
+    assert fleet.summary.hosts == 3 and fleet.summary.duplicate == 0 and fleet.summary.verified == 3
