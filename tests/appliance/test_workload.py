@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 import time
 import urllib.error
@@ -27,6 +29,7 @@ pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
 SERVED_MODEL = "tiny-qwen3"  # control/b70ctl/recipes/data/cpu-tiny.yaml serve.served_model_name
 UNITS = {"b70-vllm": 8000, "b70-vllm-baseline": 8001}
+B70CTL = Path(sys.executable).parent / "b70ctl"
 
 
 def answers(address: str, port: int, path: str = "/health") -> bool:
@@ -72,6 +75,21 @@ def test_tiny_models_generated_on_the_host(host) -> None:
         assert remote.file(f"{models[role]['path']}/model.safetensors").size > 0
 
 
+def exec_start_argv(unit_text: str) -> list[str]:
+    """The ExecStart arguments as systemd reads them back: each double-quoted, with backslash escapes, % and $
+    doubled (systemd.syntax(7), "Quoting"; systemd.service(7), "Command lines")."""
+    line = next(line for line in unit_text.splitlines() if line.startswith("ExecStart="))
+    quoted = re.findall(r'"((?:[^"\\]|\\.)*)"', line[len("ExecStart="):])
+    escapes = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\"}
+    return [re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), m.group(1)), argument)
+            .replace("%%", "%").replace("$$", "$") for argument in quoted]
+
+
+def rendered(*extra: str) -> dict:
+    return json.loads(subprocess.run([str(B70CTL), "serve", "render", "--recipe", "cpu-tiny", *extra],
+                                     check=True, capture_output=True, text=True).stdout)
+
+
 def test_units_serve_the_rendered_command_under_systemd(host) -> None:
     remote = on(host.name)
     for unit, port in UNITS.items():
@@ -80,11 +98,18 @@ def test_units_serve_the_rendered_command_under_systemd(host) -> None:
         assert answers(host.address, port, "/v1/models"), f"{unit} on {host.address}:{port}"
         text = remote.file(f"/etc/systemd/system/{unit}.service").content_string
         assert "Restart=on-failure" in text and "User=b70" in text
-        assert "--env-file' '/etc/b70/serve/" in text
-    speculative = remote.file("/etc/systemd/system/b70-vllm.service").content_string
-    assert '"method":"draft_model","num_speculative_tokens":4,"model":"/models/draft-perturbed"' in speculative
-    assert "--speculative-config" not in remote.file("/etc/systemd/system/b70-vllm-baseline.service").content_string
-    assert remote.file("/etc/b70/serve/b70-vllm.env").content_string.splitlines()[1:] == ["VLLM_CPU_KVCACHE_SPACE=1"]
+        argv = exec_start_argv(text)
+        assert argv[argv.index("--env-file") + 1] == f"/etc/b70/serve/{unit}.env"
+        # What the unit runs and the environment it gives vLLM are `b70ctl serve render`'s, to the letter.
+        expected = rendered("--model-dir", "/models/target", "--drafter-dir", "/models/draft-perturbed",
+                            "--port", str(port), *(["--baseline"] if unit.endswith("baseline") else []))
+        env_lines = remote.file(f"/etc/b70/serve/{unit}.env").content_string.splitlines()[1:]
+        assert env_lines == [f"{name}={value}" for name, value in sorted(expected["env"].items())]
+        assert argv[len(argv) - len(expected["argv"]):] == expected["argv"], unit
+    speculative = exec_start_argv(remote.file("/etc/systemd/system/b70-vllm.service").content_string)
+    config = json.loads(speculative[speculative.index("--speculative-config") + 1])
+    assert config == {"method": "draft_model", "num_speculative_tokens": 4, "model": "/models/draft-perturbed"}
+    assert speculative[speculative.index("--tensor-parallel-size") + 1] == "2"  # TP=2, as on two B70s
     assert not remote.file("/etc/b70/serve/api-key.env").exists
     with urllib.request.urlopen(f"http://{host.address}:8000/v1/models", timeout=10) as response:
         assert [model["id"] for model in json.load(response)["data"]] == [SERVED_MODEL]
