@@ -192,6 +192,8 @@ def test_serving_that_never_becomes_healthy_rolls_back_to_the_last_good(provisio
     assert f"{host.name}: vLLM is not serving: Wait for /health failed" in run.output
     assert "The last healthy configuration was put back and restarted." in run.output
     assert "Last log lines: [b70-vllm]" in run.output and "(100000.0 GiB)" in run.output  # vLLM's own reason
+    # ... and the known failure it is, with its fix, from b70ctl diagnose's catalogue on the unit's journal.
+    assert "Diagnosis: [b70-vllm] kv-cache-larger-than-host-memory: Lower VLLM_CPU_KVCACHE_SPACE" in run.output
     assert remote.file("/etc/b70/serve/b70-vllm.env").content_string == good_env
     wait_until_serving(host.address, 8000)
     wait_until_serving(host.address, 8001)
