@@ -11,13 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from b70ctl.fleet.aggregate import Collected, host_entry_from_report
+from b70ctl.fleet.model import HostEntry, InputProblem
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe
-from b70ctl.report.load import measurements_of
+from b70ctl.report.load import LoadedReport, measurements_of
 from b70ctl.report.model import (
     CorrectnessResult,
     Environment,
@@ -64,6 +68,12 @@ MAJORITY_ENVIRONMENT: dict[str, Any] = {
 STARTED_AT = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
 
 
+@lru_cache(maxsize=None)
+def shipped_recipe(name: str) -> Recipe:
+    """Parsing the recipe's YAML took most of a report's generation: read once per recipe (never modified)."""
+    return load_recipe(name)
+
+
 def appliance_hash(environment: dict[str, Any]) -> str:
     """Derived from the pinned inputs only (image, vLLM, model revisions, compute runtime), as the lock does:
     a host whose image differs also has another appliance hash; a different kernel does not change it."""
@@ -104,7 +114,7 @@ def make_report(
     tokens_per_comparison: int = 48,
 ) -> Report:
     """A plausible verify report of `host` for `recipe`. Rates are TYPICAL_DECODE_TOK_S x speed x jitter."""
-    recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
+    recipe = shipped_recipe(recipe) if isinstance(recipe, str) else recipe
     generator = random.Random(host)
     typical = TYPICAL_DECODE_TOK_S[recipe.name]
     spec = recipe.serve.speculative
@@ -201,3 +211,66 @@ def write_host(reports_dir: Path, host: str, report: Report | dict[str, Any] | N
     if unreachable is not None:
         (directory / "unreachable.json").write_text(json.dumps({"host": host, **unreachable}))
     return directory
+
+
+def fleet_host_kind(index: int) -> tuple[str, float, dict[str, Any]]:
+    """What host number `index` of a generated fleet is, as the fleet benchmark plants it: "unreachable" 0.5%,
+    "truncated" (a cut report.json) 0.2%, else "report" with its speed and environment overrides: 10% no-P2P hosts
+    12% slower, 3% on another kernel, 1% slow outliers (40% slower) of the majority's environment."""
+    if index % 200 == 17:
+        return "unreachable", 0.0, {}
+    if index % 500 == 99:
+        return "truncated", 1.0, {}
+    overrides: dict[str, Any] = {}
+    speed = 1.0
+    if index % 10 == 3:
+        overrides["p2p_profile"] = "no-p2p"
+        speed = 0.88
+    if index % 33 == 5:
+        overrides["kernel"] = "6.14.0-1011-intel"
+    if index % 100 == 51:
+        speed = 0.6
+    return "report", speed, overrides
+
+
+def fleet_host_name(index: int) -> str:
+    return f"b70-{index:05d}"
+
+
+def synthetic_fleet(hosts: int, recipe: str = "pr620-fp8-tp2",
+                    kind_of: Callable[[int], tuple[str, float, dict[str, Any]]] = fleet_host_kind) -> Collected:
+    """The hosts of fleet_host_kind as the aggregation collects them (HostEntry and input problems), without files:
+    one report per kind of host goes through the aggregation's own reduction, and each host is a copy of its
+    kind's entry under its own name with its rates jittered (seeded by the name). Thousands of hosts in a second."""
+    collected = Collected()
+    entry_of_kind: dict[tuple[float, tuple[tuple[str, Any], ...]], HostEntry] = {}
+    for index in range(hosts):
+        host = fleet_host_name(index)
+        kind, speed, overrides = kind_of(index)
+        if kind == "unreachable":
+            collected.entries.append(HostEntry(host=host, status="unreachable", recipe=recipe,
+                                               reason="unreachable at verify: ssh: connect timed out"))
+            continue
+        if kind == "truncated":
+            path = f"reports/{host}/report.json"
+            collected.problems.append(InputProblem(kind="truncated", host=host, path=path, action="excluded",
+                                                   reason=f"{path}: ends early (truncated): copy it again"))
+            collected.entries.append(HostEntry(host=host, status="bad_report", reason="truncated", report_path=path))
+            continue
+        key = (speed, tuple(sorted(overrides.items())))
+        if key not in entry_of_kind:
+            template = make_report(recipe, "template", speed=speed, environment=environment_for("template", **overrides))
+            entry_of_kind[key] = host_entry_from_report("template", LoadedReport(template, "template"), None)
+        template_entry = entry_of_kind[key]
+        factor = 1 + random.Random(host).uniform(-JITTER, JITTER)
+        workloads = [figures.model_copy(update={
+            "median_decode_tok_s": figures.median_decode_tok_s * factor if figures.median_decode_tok_s else None,
+            "peak_decode_tok_s": figures.peak_decode_tok_s * factor if figures.peak_decode_tok_s else None,
+        }) for figures in template_entry.workloads]
+        collected.entries.append(template_entry.model_copy(update={
+            "host": host, "report_path": f"reports/{host}/report.json", "endpoint": f"http://{host}:8000",
+            "environment": template_entry.environment.model_copy(update={"hostname": host}),
+            "workloads": workloads, "verdicts": list(template_entry.verdicts), "diagnosed": [],
+            "drift_fields": [], "outlier_workloads": [],
+        }))
+    return collected

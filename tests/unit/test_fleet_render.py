@@ -10,11 +10,11 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from fleet_factory import environment_for, make_report, write_host
+from fleet_factory import fleet_host_kind, synthetic_fleet
 from test_fleet_aggregate import NO_P2P_HOSTS, SLOW_HOST, build_planted_fleet
 
 from b70ctl.fleet import render, svg
-from b70ctl.fleet.aggregate import aggregate
+from b70ctl.fleet.aggregate import aggregate, build_fleet_report
 from b70ctl.fleet.model import FleetReport
 
 
@@ -70,22 +70,29 @@ def test_html_is_self_contained_and_has_the_plots(rendered):
     assert "<details>" in html and "Drift from the fleet majority" in html
 
 
-def test_markdown_summary_first_then_details(rendered):
+def test_markdown_summary_first_then_hosts_needing_attention(rendered):
     report, paths = rendered
     markdown = paths["fleet.md"].read_text()
     lines = markdown.splitlines()
     assert lines[0] == "# Fleet replication report"
     assert lines[2] == "**❌ Not replicated everywhere: 23 of 29 hosts met every claim.**"
+    assert ("**12 hosts need attention:** 1 outlier the environment does not explain, 5 failed, 6 drifting from "
+            "the majority (listed below in that order).") in lines
     assert markdown.index("## Recipe `dspark-int4-tp1`") < markdown.index("## Recipe `pr620-fp8-tp2`")
-    assert markdown.index("## Input problems") < markdown.index("<details><summary>Per-host results")
+    assert markdown.index("## Input problems") < markdown.index("## Hosts needing attention (12 of 29)")
     assert (f"| `short-median` 72.2 tok/s median decode at concurrency 1, short prompt | >= 72.2 (±10%) | 20 | 1 | 0 "
             f"| {SLOW_HOST} |") in markdown
     assert "| P2P | `p2p` | `no-p2p` (4) | " + ", ".join(NO_P2P_HOSTS) + " |  |" in markdown
     no_p2p_row = next(line for line in lines if line.startswith("| P2P = `no-p2p` | 4 |"))
     assert re.findall(r"\(([-+]\d+\.\d)%\)", no_p2p_row) and all(
         -14 < float(v) < -10 for v in re.findall(r"\(([-+]\d+\.\d)%\)", no_p2p_row))
-    assert f"| {SLOW_HOST} | short: " in markdown and "nothing: same fingerprint as the majority" in markdown
-    assert markdown.count("<details>") == markdown.count("</details>") == 2 + len(report.recipes)
+    # Two recipes: the attention rows name theirs. The slow host is the one outlier nothing explains; the no-P2P
+    # hosts are outliers too, explained by their drift, and listed with it.
+    assert f"| {SLOW_HOST} | `pr620-fp8-tp2` | short: " in markdown
+    no_p2p_group = next(line for line in lines if line.startswith("| `pr620-fp8-tp2` | P2P=`no-p2p` | 4 |"))
+    assert no_p2p_group.endswith(" | 4 | " + ", ".join(NO_P2P_HOSTS) + " |")
+    assert "All 12 hosts needing attention are listed above" in markdown
+    assert "<details>" not in markdown  # nothing grows with the fleet, so nothing needs folding
     # Every table row has as many cells as its header.
     for block in re.split(r"\n\s*\n", markdown):
         rows = [row for row in block.splitlines() if row.startswith("|")]
@@ -94,16 +101,141 @@ def test_markdown_summary_first_then_details(rendered):
             assert len(widths) == 1, rows[:2]
 
 
-def test_markdown_of_100_hosts_fits_a_github_issue(tmp_path):
-    for index in range(100):
-        host = f"node-{index:03d}"
-        write_host(tmp_path / "reports", host, make_report("pr620-fp8-tp2", host, speed=0.6 if index == 42 else 1.0,
-                                                           environment=environment_for(host)))
-    markdown = render.render_markdown(aggregate(tmp_path / "reports"))
-    assert len(markdown) < 65536  # GitHub's limit for an issue or comment body
-    summary = markdown[: markdown.index("<details>")]
-    assert "99 of 100 hosts met every claim" in summary and "| node-042 | short: " in summary
-    assert summary.count("\n") < 80  # the summary stays a screenful or two; hosts are folded below
+# --------------------------------------------------------------------------- fleet.md at any fleet size
+
+FLEET_SIZES = [1, 10, 200, 1000, 5000]
+HOST_NAME = re.compile(r"\bb70-\d{5}\b")
+ATTENTION_TITLES = {"outlier": "### Outliers the environment does not explain",
+                    "failed": "### Failed", "drift": "### Drifting from the majority"}
+
+
+def expected_attention(host: dict) -> str | None:
+    """What fleet.md must say of a host, from fleet.json alone."""
+    if host["status"] == "duplicate":
+        return None
+    if host["outlier_workloads"] and not host["drift_fields"]:
+        return "outlier"
+    if host["status"] not in ("verified", "partial") or not host["all_claims_met"]:
+        return "failed"
+    return "drift" if host["drift_fields"] else None
+
+
+def attention_sections(markdown: str) -> dict[str, list[str]]:
+    """The hosts each attention section names, in the order named."""
+    section = markdown[markdown.index("## Hosts needing attention"):]
+    found: dict[str, list[str]] = {}
+    for kind, title in ATTENTION_TITLES.items():
+        if title in section:
+            body = section[section.index(title):].split("\n\n", 2)[1]
+            found[kind] = HOST_NAME.findall(body)
+    return found
+
+
+def write_synthetic_fleet(out_dir: Path, hosts: int, **kinds) -> tuple[dict, str, str]:
+    report = build_fleet_report(synthetic_fleet(hosts, **kinds), "synthetic fleet")
+    paths = render.write_fleet_report(report, out_dir)
+    return (json.loads(paths["fleet.json"].read_text()), paths["fleet.md"].read_text(),
+            paths["fleet.html"].read_text())
+
+
+@pytest.fixture(scope="module", params=FLEET_SIZES, ids=[f"{size}-hosts" for size in FLEET_SIZES])
+def fleet_of_size(request, tmp_path_factory) -> tuple[dict, str, str]:
+    return write_synthetic_fleet(tmp_path_factory.mktemp(f"fleet-{request.param}"), request.param)
+
+
+def test_fleet_md_fits_a_github_issue_at_any_size(fleet_of_size):
+    fleet, markdown, _ = fleet_of_size
+    assert len(markdown) < 65_536  # GitHub's limit for an issue or comment body, in characters
+    assert len(markdown) <= render.MARKDOWN_BUDGET
+    assert markdown.startswith("# Fleet replication report\n")
+    closing = markdown.rstrip().splitlines()[-1]
+    assert "fleet.json" in closing and "fleet.html" in closing
+
+
+def test_fleet_md_lists_unexplained_outliers_then_failures_then_drift(fleet_of_size):
+    fleet, markdown, _ = fleet_of_size
+    expected = {host["host"]: expected_attention(host) for host in fleet["hosts"]}
+    sections = attention_sections(markdown)
+    titles = [markdown.index(ATTENTION_TITLES[kind]) for kind in ATTENTION_TITLES if kind in sections]
+    assert titles == sorted(titles)
+    for kind in ("outlier", "failed"):
+        assert {expected[host] for host in sections.get(kind, [])} <= {kind}, kind
+    # A drift group names all its members, failed hosts among them too, but never an unexplained outlier.
+    assert "outlier" not in {expected[host] for host in sections.get("drift", [])}
+    # Within the outliers, the most extreme first.
+    outliers = {o["host"]: max(abs(x["robust_z"]) for x in fleet["recipes"][0]["outliers"] if x["host"] == o["host"])
+                for o in fleet["recipes"][0]["outliers"] if expected[o["host"]] == "outlier"} if fleet["recipes"] else {}
+    shown = [outliers[host] for host in sections.get("outlier", [])]
+    assert shown == sorted(shown, reverse=True)
+    if fleet["summary"]["hosts"] >= 200:  # the planted kinds all occur from 200 hosts on
+        assert list(sections) == ["outlier", "failed", "drift"]
+
+
+def test_fleet_md_headline_counts_agree_with_fleet_json(fleet_of_size):
+    fleet, markdown, _ = fleet_of_size
+    summary = fleet["summary"]
+    lines = markdown.splitlines()
+    header = lines.index("| hosts | verified | partial | unreachable | bad report | duplicate | met every claim | "
+                         "drifting | outliers | input problems |")
+    counts = [int(cell) for cell in lines[header + 2].strip("| ").split(" | ")]
+    assert counts == [summary[key] for key in ("hosts", "verified", "partial", "unreachable", "bad_report",
+                                               "duplicate", "all_claims_met", "drifting_hosts", "outliers",
+                                               "problems")]
+    kinds = [expected_attention(host) for host in fleet["hosts"]]
+    if summary["all_claims_met"] == summary["hosts"] and not fleet["problems"]:
+        assert lines[2] == ("**✅ Replicated: "
+                            + ("the one host" if summary["hosts"] == 1 else f"all {summary['hosts']} hosts")
+                            + " met every claim.**")
+    else:
+        assert lines[2].startswith(f"**❌ Not replicated everywhere: {summary['all_claims_met']} of "
+                                   f"{summary['hosts']} hosts met every claim.")
+    needing = sum(1 for kind in kinds if kind)
+    if needing:
+        assert (f"**{needing} host{'s' if needing != 1 else ''} need{'' if needing != 1 else 's'} attention:** "
+                f"{kinds.count('outlier')} outlier{'s' if kinds.count('outlier') != 1 else ''} the environment does "
+                f"not explain, {kinds.count('failed')} failed, {kinds.count('drift')} drifting from the majority"
+                ) in markdown
+        assert f"## Hosts needing attention ({needing} of {summary['hosts']})" in markdown
+    else:
+        assert "**No host needs attention.**" in markdown
+
+
+def test_hosts_left_out_of_fleet_md_are_in_fleet_json_and_html(fleet_of_size):
+    fleet, markdown, html = fleet_of_size
+    needing = {host["host"] for host in fleet["hosts"] if expected_attention(host)}
+    named = {host for hosts in attention_sections(markdown).values() for host in hosts}
+    left_out = needing - named
+    if left_out:
+        assert (f"**{len(left_out)} of {len(needing)} hosts needing attention are not listed here**"
+                in markdown)
+    elif needing:
+        assert f"All {len(needing)} hosts needing attention are listed above" in markdown
+    in_json = {host["host"] for host in fleet["hosts"]}
+    assert needing <= in_json
+    for host in sorted(needing)[:50] + sorted(left_out):
+        assert f">{host}</a>" in html or f"<td>{host}</td>" in html, host
+
+
+def test_an_outage_of_thousands_of_hosts_is_counted_not_listed(tmp_path):
+    """2,000 of 5,000 hosts unreachable: the failures fill the budget; the line after them counts the rest."""
+    def outage(index: int) -> tuple[str, float, dict]:
+        return ("unreachable", 0.0, {}) if index % 5 in (1, 2) else fleet_host_kind(index)
+
+    fleet, markdown, html = write_synthetic_fleet(tmp_path, 5000, kind_of=outage)
+    assert len(markdown) <= render.MARKDOWN_BUDGET
+    needing = {host["host"] for host in fleet["hosts"] if expected_attention(host)}
+    sections = attention_sections(markdown)
+    named = {host for hosts in sections.values() for host in hosts}
+    left_out = needing - named
+    assert len(left_out) > 1000
+    assert "drift" not in sections and len(sections["failed"]) > 100
+    assert (f"**{len(left_out)} of {len(needing)} hosts needing attention are not listed here**, to keep this "
+            "file under GitHub's 65,536-character limit: every host is in fleet.json (`hosts`) and in fleet.html"
+            ) in markdown
+    in_json = {host["host"]: host for host in fleet["hosts"]}
+    for host in sorted(left_out):
+        assert in_json[host]["status"] in ("unreachable", "verified"), host
+        assert f">{host}</a>" in html or f"<td>{host}</td>" in html, host
 
 
 def test_plots_are_well_formed_svg_with_ids_unique_in_the_page(rendered):
@@ -125,3 +257,20 @@ def test_ticks_are_round_numbers():
     assert svg.nice_ticks(-16.0, 6.25, most=9) == [-15, -12.5, -10, -7.5, -5, -2.5, 0, 2.5, 5]
     assert svg.tick_labels([-5, -2.5, 0, 2.5]) == ["\u22125.0", "\u22122.5", "0.0", "2.5"]
     assert svg.tick_labels([0, 200, 400]) == ["0", "200", "400"]
+
+
+def test_fleet_md_stays_within_budget_when_reports_are_made_to_break_it(tmp_path):
+    """Hundreds of recipes of 150-character names, host names of 200 characters with pipes: still under budget."""
+    collected = synthetic_fleet(600)
+    for index, entry in enumerate(collected.entries):
+        entry.host = f"{'h|' * 100}{index:05d}"
+        entry.recipe = f"{'r`' * 75}{index % 300:03d}"
+    report = build_fleet_report(collected, "s" * 5000)
+    markdown = render.render_markdown(report)
+    assert len(report.recipes) == 300
+    assert len(markdown) <= render.MARKDOWN_BUDGET
+    assert "## Hosts needing attention" in markdown and "recipe sections left out to keep this file short" in markdown
+    for block in re.split(r"\n\s*\n", markdown):
+        rows = [row for row in block.splitlines() if row.startswith("|")]
+        if rows:
+            assert len({len(re.split(r"(?<!\\)\|", row.strip())) for row in rows}) == 1, rows[:2]
