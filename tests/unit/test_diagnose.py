@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from b70ctl.host.topology import TOPOLOGY_PATH, topology
 from sysfs_trees import build_tree
 
 B70CTL = str(Path(sys.executable).with_name("b70ctl"))
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "diagnose"
 
 # Each fixture and exactly the catalogue ids it must produce (failures and harmless alike).
@@ -136,6 +138,37 @@ def _write_catalogue(tmp_path: Path, mutate) -> Path:
 def test_a_bad_catalogue_is_refused_with_the_field(tmp_path: Path, mutate, message: str) -> None:
     with pytest.raises(BadInput, match=message.replace("(", r"\(").replace(".", r"\.")):
         load_catalogue_file(_write_catalogue(tmp_path, mutate))
+
+
+def test_every_source_of_the_shipped_catalogue_can_be_followed() -> None:
+    # docs and capture sources are files of this repository, and a docs section is one of the file's headings.
+    catalogue = load_catalogue_file(catalogue_path(), repository=REPO)
+    kinds = {source.kind for signature in catalogue.signatures for source in signature.sources}
+    assert kinds == {"docs", "capture", "issue", "upstream"}
+
+
+# The refs below are deliberately ones a reader cannot follow: test_citations skips lines marked "not a citation".
+@pytest.mark.parametrize("source, message", [
+    ({"kind": "docs", "ref": "docs/nowhere.md: Hardware"}, "docs/nowhere.md is not a file of"),  # not a citation
+    ({"kind": "docs", "ref": "docs/facts.md: Nowhere"}, "docs/facts.md has no section 'Nowhere'"),
+    ({"kind": "docs", "ref": "FACTS.md: Hardware"}, "a docs source is docs/<file>.md"),  # not a citation
+    ({"kind": "capture", "ref": "tests/fixtures/diagnose/real/nowhere.log"}, "is not a file of the repository"),
+    ({"kind": "capture", "ref": "tests/fixtures/../../README.md"}, "is not a file of the repository"),
+    ({"kind": "capture", "ref": "seeds/000"}, "a capture source is a file under tests/fixtures/"),  # not a citation
+    ({"kind": "issue", "ref": "seeds/000 (a comment)"}, "an issue source is the https URL"),  # not a citation
+    ({"kind": "seed", "ref": "seeds/000"}, "signatures.0.sources.0.kind"),  # not a citation
+])
+def test_a_source_a_reader_cannot_follow_is_refused(tmp_path: Path, source: dict, message: str) -> None:
+    path = _write_catalogue(tmp_path, lambda d: d["signatures"][0].update(sources=[source]))
+    with pytest.raises(BadInput, match=re.escape(message)):
+        load_catalogue_file(path, repository=REPO)
+
+
+def test_without_the_repository_only_the_shape_of_a_source_is_checked(tmp_path: Path) -> None:
+    # The installed package has no repository beside it: b70ctl diagnose still loads its catalogue.
+    source = {"kind": "docs", "ref": "docs/nowhere.md: Hardware"}  # not a citation
+    path = _write_catalogue(tmp_path, lambda d: d["signatures"][0].update(sources=[source]))
+    assert load_catalogue_file(path).signatures[0].sources[0].ref == source["ref"]
 
 
 # ---------------------------------------------------------------- topology contradiction

@@ -17,7 +17,9 @@ def catalogue_path() -> Path:
     return Path(str(resources.files("b70ctl.diagnose") / "catalogue.yaml"))
 
 
-def load_catalogue_file(path: Path) -> Catalogue:
+def load_catalogue_file(path: Path, repository: Path | None = None) -> Catalogue:
+    """The catalogue at path, validated; given the repository's root, its docs and capture sources must be files
+    of that repository (the shipped package has no repository beside it, so only the tests pass one)."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as error:
@@ -25,7 +27,7 @@ def load_catalogue_file(path: Path) -> Catalogue:
     except yaml.YAMLError as error:
         raise BadInput(f"catalogue {path}: not valid YAML ({error.__class__.__name__}): fix the syntax") from error
     try:
-        return Catalogue.model_validate(data)
+        return Catalogue.model_validate(data, context={"repository": repository})
     except ValidationError as error:
         first = error.errors()[0]
         location = ".".join(str(part) for part in first["loc"]) or "(top level)"

@@ -8,16 +8,22 @@ which vLLM / image versions it applies to. The catalogue is data; this module on
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 CATALOGUE_SCHEMA_VERSION = 1
 
 # Where a line comes from. `verify` lines are the findings of a verify report, rendered by report_lines().
 LogKind = Literal["serve", "kernel", "verify"]
 Severity = Literal["failure", "harmless"]
-SourceKind = Literal["seed", "facts", "issue", "capture"]
+# Where an entry's knowledge came from. Files of this repository: `docs`, a section of the documentation
+# ("docs/facts.md: Hardware"), and `capture`, a log captured from a real server (a path under tests/fixtures/).
+# Outside it: `issue`, the URL of a public issue or pull request, and `upstream`, a public document named so it can
+# be found (a pull request's description, a model card, a source file of a given vLLM version).
+SourceKind = Literal["docs", "capture", "issue", "upstream"]
+REPOSITORY_SOURCE_KINDS = ("docs", "capture")
 FixKind = Literal["env", "profile", "recipe", "command", "image", "host", "none"]
 
 
@@ -49,8 +55,34 @@ class Fix(_Model):
 
 class Source(_Model):
     kind: SourceKind
-    ref: str = Field(min_length=1, description="seed file, FACTS.md section, issue URL or fixture name")
+    ref: str = Field(min_length=1, description="docs/<file>.md: <section>, a fixture path, an issue URL or a named "
+                                               "public document")
     quote: str | None = Field(None, description="The outside text the patterns were written from")
+
+    @model_validator(mode="after")
+    def _ref_fits_kind(self, info: ValidationInfo) -> Source:
+        path, _, section = self.ref.partition(": ")
+        if self.kind == "docs" and not re.fullmatch(r"docs/[\w./-]+\.md", path):
+            raise ValueError(f"{self.ref!r}: a docs source is docs/<file>.md, then ': ' and its section")
+        if self.kind == "capture" and not path.startswith("tests/fixtures/"):
+            raise ValueError(f"{self.ref!r}: a capture source is a file under tests/fixtures/")
+        if self.kind == "issue" and not path.startswith("https://"):
+            raise ValueError(f"{self.ref!r}: an issue source is the https URL of the issue or pull request")
+        # Given the repository (context {"repository": root}), a file of it must be there, and a section must be
+        # one of the file's headings: a reader has to be able to follow the reference.
+        root = (info.context or {}).get("repository")
+        if root is not None and self.kind in REPOSITORY_SOURCE_KINDS:
+            file = Path(root) / path
+            if ".." in Path(path).parts or not file.is_file():
+                raise ValueError(f"{self.ref!r}: {path} is not a file of the repository")
+            if self.kind == "docs" and section and section not in markdown_headings(file.read_text()):
+                raise ValueError(f"{self.ref!r}: {path} has no section {section!r}")
+        return self
+
+
+def markdown_headings(text: str) -> set[str]:
+    """The headings of a Markdown document, without their #s."""
+    return {line.lstrip("#").strip() for line in text.splitlines() if re.match(r"#{1,6} ", line)}
 
 
 class AppliesTo(_Model):
