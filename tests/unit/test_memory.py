@@ -49,7 +49,7 @@ def test_fp8_tp2_recipe_fits_two_b70() -> None:
 
 
 def test_fp8_target_does_not_fit_one_card_next_to_the_drafter() -> None:
-    """FACTS.md: the FP8 target does not fit one 32 GB card next to the 2.7 GB drafter."""
+    """docs/facts.md, route b: the FP8 target does not fit one 32 GB card next to the 2.7 GB drafter."""
     fit = card_fit(with_changes(load_recipe("pr620-fp8-tp2"), tensor_parallel_size=1), 32.0)
     assert not fit.fits
     assert fit.kv_cache_gib_available == pytest.approx(28.8 - 28.0 - 2.7 - RUNTIME_RESERVE_GIB)
@@ -58,7 +58,7 @@ def test_fp8_target_does_not_fit_one_card_next_to_the_drafter() -> None:
 
 
 def test_bf16_27b_does_not_fit_two_b70() -> None:
-    """FACTS.md: 27B BF16 (about 54 GB of weights) does not fit 2x B70."""
+    """docs/facts.md, Known failures: 27B BF16 (about 54 GB of weights) does not fit 2x B70."""
     fit = card_fit(with_changes(load_recipe("pr620-fp8-tp2"), target_weights_gib=54.0), 32.0)
     assert not fit.fits
     assert fit.kv_cache_gib_available < 0
@@ -127,7 +127,7 @@ def test_the_fp8_tp2_minimum_and_its_source() -> None:
 @pytest.mark.parametrize("name", ["cpu-tiny", "dspark-int4-tp1", "pr620-fp8-tp2"])
 def test_every_shipped_minimum_names_its_source(name: str) -> None:
     source = load_recipe(name).host.ram_gb_min_source
-    assert "FACTS.md" in source
+    assert "docs/facts.md" in source
 
 
 def test_a_recipe_in_gib_of_memtotal_is_refused(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 Streaming requests record every SSE chunk with its arrival time (monotonic clock) and its token ids: with
 speculative decoding one chunk carries several tokens, so anything that counts chunks instead of token ids
-under-reports (FACTS.md, Measuring). Requests always ask for `return_token_ids` and usage in the stream.
+under-reports (docs/facts.md, Measuring). Requests always ask for `return_token_ids` and usage in the stream.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every prompt of the recipe's correctness set is generated at temperature 0 on the served endpoint and on a
 baseline (a target-only endpoint, or a reference file recorded from one), and the outputs are compared by TOKEN
 IDS: two different token sequences can decode to the same text, and text hides the position where they part.
-Greedy "lossless" speculation is algorithmic, not bit-exact (FACTS.md, Measuring): this check reports
+Greedy "lossless" speculation is algorithmic, not bit-exact (docs/facts.md, Measuring): this check reports
 identical/total and where each mismatch starts; whether that fraction is good enough is a claim of the recipe,
 judged with the other claims.
 

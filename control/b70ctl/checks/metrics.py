@@ -1,6 +1,6 @@
 """vLLM's Prometheus counters: snapshots, deltas, and the speculative-decoding figures derived from them.
 
-The counters (FACTS.md, Measuring) are cumulative and server-wide, so a figure is only ours if it is a delta
+The counters (docs/facts.md, Measuring) are cumulative and server-wide, so a figure is only ours if it is a delta
 around our own requests and nothing else ran in between. What vLLM counts, as read from its source (0.32) and
 checked against a real CPU server:
 - vllm:generation_tokens_total grows by the output tokens of every request, after truncation at max_tokens or a

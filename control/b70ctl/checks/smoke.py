@@ -2,7 +2,7 @@
 
 Each sub-check runs on its own and fails with its reason; one failing does not stop the others, so the report
 shows everything that is wrong at once. The one-token prompt is sent as a single token id: that is the case that
-crashes the ESIMD decode kernel of BF16 target-only XPU images (FACTS.md, Known failures), which a text prompt
+crashes the ESIMD decode kernel of BF16 target-only XPU images (docs/facts.md, Known failures), which a text prompt
 could silently tokenize past.
 """
 

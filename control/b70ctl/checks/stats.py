@@ -1,6 +1,6 @@
 """The numbers of the throughput check, as pure functions so tests can feed them exact inputs.
 
-Rates follow FACTS.md (Measuring): the decode rate of one request is (N-1)/(t_last - t_first), over the engine's
+Rates follow docs/facts.md (Measuring): the decode rate of one request is (N-1)/(t_last - t_first), over the engine's
 first and last token when the server exposes them (checks/metrics.py), else over arrival times; the peak is the
 most tokens arriving in any 1-second window (llama-benchy's definition, counting token ids per chunk, never
 chunks). Across requests we report the median with a distribution-free confidence interval from

@@ -60,7 +60,7 @@ Prompt = str | list[int]
 
 # Seed text of a synthesized long prompt when the workload names none; any text the tokenizer splits works.
 DEFAULT_PROMPT_SEED = "The quick brown fox jumps over the lazy dog while the server streams tokens."
-# A one-token prompt takes the path of the BF16 ESIMD decode crash (FACTS.md, Known failures): the smoke check
+# A one-token prompt takes the path of the BF16 ESIMD decode crash (docs/facts.md, Known failures): the smoke check
 # probes it on purpose; a throughput workload must not measure it by accident.
 MIN_PROMPT_TOKENS = 2
 

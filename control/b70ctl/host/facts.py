@@ -27,7 +27,7 @@ INTEL_VENDOR_ID = 0x8086
 XE_DRIVER = "xe"
 
 # PCI device id -> (short model, marketing name, die, nominal VRAM GiB). BMG-G31 ids e220-e223, BMG-G21 ids
-# e202, e209, e20b-e20d, e210-e212, e215, e216 (FACTS.md). Unnamed ids keep their die name.
+# e202, e209, e20b-e20d, e210-e212, e215, e216 (docs/facts.md, Hardware). Unnamed ids keep their die name.
 BATTLEMAGE_MODELS: Dict[int, Tuple[str, str, str, Optional[float]]] = {
     0xE223: ("B70", "Intel Arc Pro B70", "BMG-G31", 32.0),
     0xE220: ("BMG-G31", "Intel Battlemage G31", "BMG-G31", None),

@@ -89,8 +89,8 @@ P2PDMA_HOST_BRIDGE_WHITELIST: Tuple[Tuple[int, Optional[int], bool, str], ...] =
 AMD_VENDOR_ID = "AuthenticAMD"
 AMD_ZEN_FAMILY_MIN = 0x17
 
-# The oneCCL profiles: the single source of these env vars and docker flags (FACTS.md, "P2P and the no-P2P
-# path"). `p2p` is the PR #620 recipe's set; `no-p2p` is the fallback confirmed on dual B70 without P2P
+# The oneCCL profiles: the single source of these env vars and docker flags (docs/facts.md, "P2P and the
+# no-P2P path"). `p2p` is the PR #620 recipe's set; `no-p2p` is the fallback confirmed on dual B70 without P2P
 # (CCL_TOPO_P2P_ACCESS=0 alone still failed with zeMemOpenIpcHandle errors in several reports).
 CCL_PROFILES: Dict[str, Dict[str, Any]] = {
     "p2p": {
@@ -329,7 +329,7 @@ def _pair_evidence(pair: PairTopology) -> str:
 
 
 def apply_probe(pair: PairTopology, probe: Probe) -> None:
-    """A measurement beats the inference (FACTS.md: trust what you measure)."""
+    """A measurement beats the inference (docs/facts.md: a measurement on the host wins over a fact)."""
     pair.probe = probe
     if probe.status == "confirmed":
         pair.p2p = True

@@ -2,7 +2,7 @@
 
 A recipe names the target and drafter, the image, the serve settings, what a host must have, the workloads the
 replication check runs and the published claims it must reproduce. Known-bad combinations (each one a failure
-somebody hit on real B70 hosts, see FACTS.md) are refused here, at load time, with the reason, so no later stage
+somebody hit on real B70 hosts, see docs/facts.md) are refused here, at load time, with the reason, so no later stage
 has to re-check them.
 """
 

@@ -1,5 +1,5 @@
-"""report.md: the replication evidence of one endpoint, shaped like the independent replication in seed 000
-(configuration, short benchmark, sustained acceptance-friendly decode, natural text, correctness and stability,
+"""report.md: the replication evidence of one endpoint, shaped like the independent replication on intel/llm-scaler
+PR #620 (configuration, short benchmark, sustained acceptance-friendly decode, natural text, correctness and stability,
 edge cases) with a verdict per claim and the raw numbers behind each. It opens with one table shaped like the
 llama-benchy table B70 users paste into issues, and a headline that names what failed."""
 

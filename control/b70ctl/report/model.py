@@ -157,7 +157,7 @@ class BenchKeys(Model):
 
 
 class SpecDecodeStats(Model):
-    """From deltas of vLLM's counters around this workload's requests (FACTS.md, Measuring)."""
+    """From deltas of vLLM's counters around this workload's requests (docs/facts.md, Measuring)."""
 
     num_drafts: float
     num_draft_tokens: float

@@ -128,7 +128,7 @@ def render_serve(recipe: Recipe, context: ServeContext) -> ServeCommand:
     return ServeCommand(argv=argv, env=env)
 
 
-# What the XPU serving container needs besides the GPUs' device nodes (FACTS.md, Serving): the by-path names
+# What the XPU serving container needs besides the GPUs' device nodes (docs/facts.md, Serving): the by-path names
 # Level Zero resolves cards through, host networking, and shared memory for the TP=2 collectives.
 XPU_DOCKER_ARGS = ["-v", "/dev/dri/by-path:/dev/dri/by-path:ro", "--network", "host", "--shm-size", "32g"]
 
