@@ -4,12 +4,15 @@ The session brings up three hosts with scripts/testhosts (docker engine, deboots
 network and SSH key are all made there, safe to re-run) and copies into each the hardware it emulates: a sysfs
 tree from tests/fixtures/sysfs.py (host 1: 2x B70 behind one switch, host 2: 2x B70 on separate root ports) and
 the local apt repository standing in for Intel's. Host 3 stays bare: the broken-inventory tests prove that
-preflight changes nothing on it. Everything is torn down after the session (B70_KEEP_TESTHOSTS=1 keeps it).
+preflight changes nothing on it. Everything is torn down when the last appliance test is done, before any other
+test runs: the hosts serve real vLLM, and left up they would starve the real-vLLM tests of memory and cores
+(B70_KEEP_TESTHOSTS=1 keeps them).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -22,18 +25,35 @@ HOST_SUBNET = "172.30.72.0/24"
 SCENARIOS = {1: "b70x2-switch", 2: "b70x2-root-ports", 3: None}
 
 
+HERE = Path(__file__).resolve().parent
+_hosts_up: list[str] = []
+
+
+def _release_hosts() -> None:
+    while _hosts_up:
+        prefix = _hosts_up.pop()
+        if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
+            testhosts("down", "--prefix", prefix)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Leaving this directory: the session fixture's hosts go now, not at the end of the whole session."""
+    if nextitem is None or HERE not in Path(nextitem.path).resolve().parents:
+        _release_hosts()
+
+
 @pytest.fixture(scope="session")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
     if os.geteuid() != 0:
         pytest.fail("the appliance tests need root (they install and start a docker engine): run them as root, "
                     "as CI does")
     work_dir = tmp_path_factory.mktemp("appliance")
+    _hosts_up.append(HOST_PREFIX)
     try:
         hosts, ssh_key = start_hosts(HOST_PREFIX, HOST_SUBNET, SCENARIOS, work_dir)
         yield Appliance(hosts, ssh_key, work_dir)
     finally:
-        if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
-            testhosts("down", "--prefix", HOST_PREFIX)
+        _release_hosts()
 
 
 @pytest.fixture(scope="session")

@@ -18,12 +18,33 @@ from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import LocalServer
 
 VARIANTS = ["baseline", "draft-exact", "draft-perturbed", "ngram"]
+LOG_TAIL_LINES = 40
+
+# The session's servers, for the failure reports below.
+_started: dict[str, LocalServer] = {}
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/vllm/" in str(item.fspath):
             item.add_marker(pytest.mark.vllm)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test carries each server's state and the tail of its log: a server that died (killed for memory,
+    an engine crash) is otherwise seen only as a refused connection or a stalled stream."""
+    report = yield
+    if report.failed and _started:
+        for name, server in _started.items():
+            state = "running" if server.process and server.process.poll() is None else (
+                f"exited with code {server.process.returncode}" if server.process else "never started")
+            try:
+                tail = server.log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            except OSError as error:
+                tail = [f"(log unreadable: {error})"]
+            report.sections.append((f"vLLM server {name}: {state}, {server.log_path}", "\n".join(tail)))
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +66,9 @@ def local_servers(tiny_models, tmp_path_factory) -> dict[str, LocalServer]:
         yield {}
         return
     servers = start_servers(VARIANTS, tiny_models, tmp_path_factory.mktemp("vllm-logs"))
+    _started.update(servers)
     yield servers
+    _started.clear()
     for server in servers.values():
         server.stop()
 
