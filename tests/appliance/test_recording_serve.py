@@ -174,10 +174,10 @@ def test_serve_stage_starts_exactly_the_rendered_command(recording_hosts, recipe
 
 
 def check_recipe_facts(recipe: str, records: dict[str, dict], hosts: list[HostUnderTest]) -> None:
-    """What each recipe must run with, from FACTS.md rather than from the renderer."""
+    """What each recipe must run with, from docs/facts.md rather than from the renderer."""
     p2p, no_p2p = (records[host.name] for host in hosts)
     if recipe == "pr620-fp8-tp2":
-        # FACTS.md, route a: TP=2, dflash k=4, env VLLM_USE_V2_MODEL_RUNNER=0, ZE_AFFINITY_MASK=0,1.
+        # docs/facts.md, route a: TP=2, dflash k=4, env VLLM_USE_V2_MODEL_RUNNER=0, ZE_AFFINITY_MASK=0,1.
         for record in (p2p, no_p2p):
             assert record["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "0"
             assert record["env"]["ZE_AFFINITY_MASK"] == "0,1"
@@ -185,11 +185,11 @@ def check_recipe_facts(recipe: str, records: dict[str, dict], hosts: list[HostUn
             assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
             assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "dflash"
         assert p2p["env"]["CCL_TOPO_P2P_ACCESS"] == "1"
-        # FACTS.md, the no-P2P path: the simple-algorithm thresholds at 4294967296.
+        # docs/facts.md, the no-P2P path: the simple-algorithm thresholds at 4294967296.
         assert no_p2p["env"]["CCL_SYCL_ALLREDUCE_SIMPLE_THRESHOLD"] == "4294967296"
         assert "CCL_SYCL_ALLREDUCE_SIMPLE_THRESHOLD" not in p2p["env"]
     else:
-        # FACTS.md, route b: dspark runs only on Model Runner V2; k=7 probabilistic on one card.
+        # docs/facts.md, route b: dspark runs only on Model Runner V2; k=7 probabilistic on one card.
         for record in (p2p, no_p2p):
             assert record["env"].get("VLLM_USE_V2_MODEL_RUNNER", "1") != "0"
             argv = record["argv"]

@@ -285,7 +285,8 @@ def test_a_server_whose_greedy_output_matches_nothing_is_diagnosed_in_report_and
                    value=1.0, source="test")
     report = run(recipe(greedy, requests=1), served, baseline, tmp_path / "reports" / "host-a")
     assert report.correctness.identical == 0 and not report.passed
-    # The catalogue's entry for silent garbage (its source: FACTS.md "Several image builds silently produce garbage").
+    # The catalogue's entry for silent garbage (its source: docs/facts.md, Known failures: "Several image builds
+    # silently produce garbage").
     assert [failure.id for failure in report.diagnosis] == ["silent-garbage-output"]
     assert "identical 0/2" in report.diagnosis[0].evidence[0]
     markdown = (tmp_path / "reports" / "host-a" / "report.md").read_text()

@@ -28,7 +28,7 @@ def test_shipped_recipes_load():
     assert native.serve.speculative.draft_sample_method == "probabilistic"
     per_position = {c.id: c for c in native.claims}["per-position-acceptance"]
     assert per_position.values == [0.76, 0.45, 0.31, 0.14, 0.10, 0.02, 0.00]
-    # TP=2 on vLLM CPU beside a TP=1 target-only baseline (FACTS.md, "Added after the first release"), with no GPU.
+    # TP=2 on vLLM CPU beside a TP=1 target-only baseline (docs/facts.md, "Added after the first release"), with no GPU.
     tiny = load_recipe("cpu-tiny")
     assert (tiny.serve.tensor_parallel_size, tiny.serve.baseline_tensor_parallel_size) == (2, 1)
     assert tiny.host.gpu_count == 0 and tiny.host.cpu_cores_min == 2
@@ -75,7 +75,7 @@ def test_unknown_recipe_names_the_choices():
 
 def test_claim_sources_survive_yaml_and_a_source_cut_at_a_comment_is_refused(tmp_path):
     # YAML reads an unquoted " #" as the start of a comment: "PR #620" arrives as "PR".
-    cut = yaml.safe_load("source: intel/llm-scaler PR #620 (seed 000)\n")["source"]
+    cut = yaml.safe_load("source: intel/llm-scaler PR #620 (its description)\n")["source"]
     assert cut == "intel/llm-scaler PR"
     shipped = load_recipe("pr620-fp8-tp2")
     assert all("#620" in claim.source for claim in shipped.claims)

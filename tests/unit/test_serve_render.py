@@ -1,12 +1,13 @@
-"""The serve command of the two B70 recipes on the P2P and no-P2P fixture hosts, flag by flag against FACTS.md.
+"""The serve command of the two B70 recipes on the P2P and no-P2P fixture hosts, flag by flag against
+docs/facts.md.
 
 The host's topology comes the way it does on a real host: facts read from the fixture's sysfs tree, topology.py
 deciding and writing <root>/etc/b70/topology.json (what the gpu_topology role runs, with the recipe's TP size as
 b70_gpus defaults to), and `load_topology` reading it back (what `b70ctl serve render --topology` does).
 
-Each expectation below carries its source: a quote of FACTS.md, or of the seed it summarises (seed 001, the
-Doopeworld model card's `vllm serve` line) where FACTS.md names only part of a command, or, for the few values
-FACTS.md does not prescribe, what decides them. A failure prints that source.
+Each expectation below carries its source: a quote of docs/facts.md, or of the document it summarises (the
+`vllm serve` line of the Doopeworld/Qwen3.8-27B-DSpark-vLLM model card) where docs/facts.md names only part of a
+command, or, for the few values docs/facts.md does not prescribe, what decides them. A failure prints that source.
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ class Fact(NamedTuple):
     source: str
 
 
-# ---- the BF16 one-token guard (FACTS.md, "Known failures"): on the target-only baseline only
+# ---- the BF16 one-token guard (docs/facts.md, "Known failures"): on the target-only baseline only
 ONE_TOKEN_CRASH = "Known failures: BF16 target-only one-token prompt crashes the ESIMD decode kernel (query must be " \
     "fp16); spec decode hides it because verification runs k+1 tokens; workarounds: FP16, or DISABLE_ESIMD_PAGE_ATTN=1"
 SPECULATION_HIDES_THE_CRASH = ONE_TOKEN_CRASH + " (the speculative server never takes that path: its rate is " \
     "the claim, so it runs as the recipe says)"
 
-# ---- route a: pr620-fp8-tp2 (FACTS.md, "Serving (route a: the seed's recipe)")
+# ---- route a: pr620-fp8-tp2 (docs/facts.md, "Serving (route a: the PR #620 recipe)")
 ROUTE_A_SERVE = "Serving (route a): serve: `--tensor-parallel-size 2 --gpu-memory-utilization 0.90 --max-model-len " \
     "8192 --max-num-batched-tokens 4096 --max-num-seqs 1 --block-size 64 --dtype bfloat16 --mamba-ssm-cache-dtype " \
     "float16 --async-scheduling --speculative-config {\"method\":\"dflash\",\"model\":\"/models/drafter\"," \
@@ -74,7 +75,7 @@ ROUTE_A = [
          "Serving (route b): `enable_adaptive_verification` is rejected with Qwen3.8's GDN layers"),
     Fact("flag", "--kv-cache-dtype", ABSENT,
          "Known failures: FP8 KV cache crashed the ESIMD kernel on some images (route a sets no KV dtype)"),
-    Fact("flag", "--served-model-name", "qwen3.8-27b-fp8", "not in FACTS.md: the recipe's served_model_name"),
+    Fact("flag", "--served-model-name", "qwen3.8-27b-fp8", "not in docs/facts.md: the recipe's served_model_name"),
     Fact("env", "VLLM_USE_V2_MODEL_RUNNER", "0", ROUTE_A_ENV),
     Fact("env", "VLLM_USE_AOT_COMPILE", "0", ROUTE_A_ENV),
     Fact("env", "VLLM_XPU_ENABLE_XPU_GRAPH", "0", ROUTE_A_ENV),
@@ -83,11 +84,11 @@ ROUTE_A = [
          "Serving (route a): optional confidence truncation behind DSPARK_ADAPTIVE_BLOCK=1, off by default"),
 ]
 
-# ---- route b: dspark-int4-tp1 (FACTS.md, "Serving (route b: native vLLM)")
+# ---- route b: dspark-int4-tp1 (docs/facts.md, "Serving (route b: native vLLM)")
 DOOPEWORLD = "Serving (route b): Doopeworld recipe: GPTQ-Int4 target on ONE B70, `--kv-cache-dtype fp8 --block-size " \
     "64 --max-model-len 16384 --max-num-seqs 16`, spec config {\"method\":\"dspark\",\"num_speculative_tokens\":7," \
     "\"draft_sample_method\":\"probabilistic\"}"
-SEED_001 = "seed 001 (the Doopeworld model card FACTS.md summarises), Usage: `vllm serve ... --dtype bfloat16 " \
+MODEL_CARD = "the Doopeworld/Qwen3.8-27B-DSpark-vLLM model card, Usage: `vllm serve ... --dtype bfloat16 " \
     "--max-model-len 16384 --max-num-seqs 16 --gpu-memory-utilization 0.90 --kv-cache-dtype fp8 --block-size 64 " \
     "--trust-remote-code --speculative-config '{\"method\": \"dspark\", \"model\": ..., ...}'`"
 ROUTE_B_NO_ENV = "Serving (route b) prescribes no env var: route a's V1-runner set is not carried over"
@@ -97,21 +98,21 @@ ROUTE_B = [
     Fact("flag", "--block-size", "64", DOOPEWORLD),
     Fact("flag", "--max-model-len", "16384", DOOPEWORLD),
     Fact("flag", "--max-num-seqs", "16", DOOPEWORLD),
-    Fact("flag", "--dtype", "bfloat16", SEED_001),
-    Fact("flag", "--gpu-memory-utilization", "0.90", SEED_001),
-    Fact("flag", "--trust-remote-code", PRESENT, SEED_001),
-    Fact("flag", "--max-num-batched-tokens", ABSENT, SEED_001 + " (not set there)"),
-    Fact("flag", "--async-scheduling", ABSENT, SEED_001 + " (not set there)"),
+    Fact("flag", "--dtype", "bfloat16", MODEL_CARD),
+    Fact("flag", "--gpu-memory-utilization", "0.90", MODEL_CARD),
+    Fact("flag", "--trust-remote-code", PRESENT, MODEL_CARD),
+    Fact("flag", "--max-num-batched-tokens", ABSENT, MODEL_CARD + " (not set there)"),
+    Fact("flag", "--async-scheduling", ABSENT, MODEL_CARD + " (not set there)"),
     Fact("spec", "method", "dspark",
          "Serving (route b): DSpark landed natively in vLLM 0.25.0 (`\"method\": \"dspark\"`, ...)"),
     Fact("spec", "num_speculative_tokens", 7,
          DOOPEWORLD + "; k=4 and k=6 measured worse than k=7"),
     Fact("spec", "draft_sample_method", "probabilistic",
          DOOPEWORLD + "; probabilistic 52 t/s vs greedy 42 t/s"),
-    Fact("spec", "model", "/models/drafter", SEED_001),
+    Fact("spec", "model", "/models/drafter", MODEL_CARD),
     Fact("spec", "enable_adaptive_verification", ABSENT,
          "Serving (route b): `enable_adaptive_verification` is rejected with Qwen3.8's GDN layers"),
-    Fact("flag", "--served-model-name", "qwen3.8-27b-int4", "not in FACTS.md: the recipe's served_model_name"),
+    Fact("flag", "--served-model-name", "qwen3.8-27b-int4", "not in docs/facts.md: the recipe's served_model_name"),
     Fact("env", "VLLM_USE_V2_MODEL_RUNNER", ABSENT,
          "Serving (route b): It runs only on Model Runner V2: never set VLLM_USE_V2_MODEL_RUNNER=0 with dspark"),
     Fact("env", "VLLM_USE_AOT_COMPILE", ABSENT, ROUTE_B_NO_ENV),
@@ -119,15 +120,16 @@ ROUTE_B = [
     Fact("env", "DISABLE_ESIMD_PAGE_ATTN", ABSENT, SPECULATION_HIDES_THE_CRASH),
 ]
 
-# ---- what every render carries from the ServeContext (where it runs, not how): not FACTS.md's
+# ---- what every render carries from the ServeContext (where it runs, not how): not docs/facts.md's
 CONTEXT_FLAGS = [
-    Fact("flag", "--model", "/models/target", "not in FACTS.md: ServeContext.model_dir"),
-    Fact("flag", "--host", "0.0.0.0", "not in FACTS.md: ServeContext.host"),
-    Fact("flag", "--port", "8000", "not in FACTS.md: ServeContext.port"),
-    Fact("flag", "--api-key", ABSENT, "not in FACTS.md: the key goes in VLLM_API_KEY, never in argv (ps shows it)"),
+    Fact("flag", "--model", "/models/target", "not in docs/facts.md: ServeContext.model_dir"),
+    Fact("flag", "--host", "0.0.0.0", "not in docs/facts.md: ServeContext.host"),
+    Fact("flag", "--port", "8000", "not in docs/facts.md: ServeContext.port"),
+    Fact("flag", "--api-key", ABSENT,
+         "not in docs/facts.md: the key goes in VLLM_API_KEY, never in argv (ps shows it)"),
 ]
 
-# ---- the XPU container (FACTS.md, "Serving (route a)", docker line)
+# ---- the XPU container (docs/facts.md, "Serving (route a)", docker line)
 DOCKER = "Serving (route a): docker: --device /dev/dri/cardN and renderDN for each GPU, -v " \
     "/dev/dri/by-path:/dev/dri/by-path:ro, --network host --shm-size 32g --ipc=host"
 CONTAINER = [
@@ -137,7 +139,7 @@ CONTAINER = [
     Fact("docker", "--ipc", ["host"], DOCKER),
 ]
 
-# ---- the oneCCL profiles (FACTS.md, "Serving (route a)" env line and "P2P and the no-P2P path")
+# ---- the oneCCL profiles (docs/facts.md, "Serving (route a)" env line and "P2P and the no-P2P path")
 P2P_ENV = "Serving (route a): env: ... CCL_TOPO_P2P_ACCESS=1 CCL_ZE_IPC_EXCHANGE=drmfd CCL_SYCL_ALLGATHERV_TMP_BUF=0 " \
     "CCL_SYCL_ALLREDUCE_TMP_BUF=0 CCL_ENABLE_SYCL_KERNELS=1 CCL_SYCL_ALLGATHERV_SMALL_THRESHOLD=131072 " \
     "CCL_SYCL_ALLGATHERV_SCALEOUT_THRESHOLD=1048576"
@@ -176,7 +178,7 @@ TWO_B70 = [
 ]
 FIRST_B70 = [
     Fact("env", "ZE_AFFINITY_MASK", "0",
-         "not in FACTS.md for TP=1: the topology's group, the first B70 (route a's mask is 0,1 for its two)"),
+         "not in docs/facts.md for TP=1: the topology's group, the first B70 (route a's mask is 0,1 for its two)"),
     Fact("docker", "--device", ["/dev/dri/card0", "/dev/dri/renderD128"], DOCKER + " (the one GPU of TP=1)"),
 ]
 # b70-igpu: the CPU's UHD 770 is card0/renderD128 (i915), the B70 card1/renderD129.
@@ -190,7 +192,7 @@ B70_BESIDE_AN_IGPU = [
 CASES = [
     ("pr620-fp8-tp2", "b70x2-switch", "p2p", CONTEXT_FLAGS + ROUTE_A + CONTAINER + P2P_PROFILE + TWO_B70),
     ("pr620-fp8-tp2", "b70x2-root-ports", "no-p2p", CONTEXT_FLAGS + ROUTE_A + CONTAINER + NO_P2P_PROFILE + TWO_B70),
-    # TP=1 has no peer traffic: topology.py picks the no-p2p set whatever the PCIe tree (harmless, FACTS.md has no
+    # TP=1 has no peer traffic: topology.py picks the no-p2p set whatever the PCIe tree (harmless, docs/facts.md has no
     # TP=1 oneCCL set); the P2P host's switch must not turn on P2P for it.
     ("dspark-int4-tp1", "b70x2-switch", "no-p2p", CONTEXT_FLAGS + ROUTE_B + CONTAINER + NO_P2P_PROFILE + FIRST_B70),
     ("dspark-int4-tp1", "b70x2-root-ports", "no-p2p",
@@ -271,10 +273,10 @@ def test_serve_command_matches_facts(tmp_path: Path, recipe_name: str, scenario:
         accounted = {fact.key for fact in facts if fact.kind == kind and fact.value is not ABSENT}
         if kind == "flag":
             accounted.add("--speculative-config")  # its value is checked key by key as `spec`
-        assert set(seen[kind]) == accounted, f"{kind}: rendered but not in FACTS.md: {set(seen[kind]) - accounted}"
+        assert set(seen[kind]) == accounted, f"{kind}: rendered but not in docs/facts.md: {set(seen[kind]) - accounted}"
 
     # Every device node is a B70's: the fixture's /dev/dri/by-path link of a function with PCI id 8086:e223
-    # (FACTS.md, Hardware: "Arc Pro B70 = Battlemage G31, PCI id 8086:e223 ... on-board PCIe bridge 8086:e2f0: not
+    # (docs/facts.md, Hardware: "Arc Pro B70 = Battlemage G31, PCI id 8086:e223 ... on-board PCIe bridge 8086:e2f0: not
     # a GPU"), and each card comes with both its cardN and renderDN.
     by_path = Path(root) / "dev/dri/by-path"
     owner = {os.path.normpath(by_path / os.readlink(link)): link.name for link in by_path.iterdir()}
@@ -292,7 +294,7 @@ def test_serve_command_matches_facts(tmp_path: Path, recipe_name: str, scenario:
 @pytest.mark.parametrize("recipe_name, scenario, profile, facts", CASES, ids=CASE_IDS)
 def test_the_one_token_guard_is_on_the_target_only_baseline_only(tmp_path: Path, recipe_name: str, scenario: str,
                                                                   profile: str, facts: list[Fact]) -> None:
-    """FACTS.md, Known failures: the crash is on the target-only path, so the baseline carries the guard; the
+    """docs/facts.md, Known failures: the crash is on the target-only path, so the baseline carries the guard; the
     speculative server (checked flag by flag above) does not. Apart from the guard and the speculative config, the
     baseline is the same server, so greedy outputs of the two are compared on the same settings."""
     recipe = load_recipe(recipe_name)
@@ -309,7 +311,7 @@ def test_the_one_token_guard_is_on_the_target_only_baseline_only(tmp_path: Path,
 
 
 def test_the_float16_guard_changes_the_baseline_dtype_only() -> None:
-    """The other workaround of the same FACTS.md line ("workarounds: FP16, ..."): the baseline is served FP16,
+    """The other workaround of the same docs/facts.md line ("workarounds: FP16, ..."): the baseline is served FP16,
     the speculative server keeps the recipe's BF16."""
     recipe = load_recipe("dspark-int4-tp1")
     recipe = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"one_token_prompt_guard": "float16"})})
@@ -354,7 +356,7 @@ def test_tp2_on_a_one_card_host_is_refused(tmp_path: Path) -> None:
         render_xpu_container(load_recipe("pr620-fp8-tp2"), CONTEXT, host)
 
 
-# ---- the embedded default: cpu-tiny at TP=2 on vLLM CPU (FACTS.md, "Added after the first release")
+# ---- the embedded default: cpu-tiny at TP=2 on vLLM CPU (docs/facts.md, "Added after the first release")
 CPU_TP2 = "Added after the first release: vLLM 0.32 CPU serves tensor parallel on this kind of machine: " \
     "`--tensor-parallel-size 2 --distributed-executor-backend mp` with `VLLM_CPU_OMP_THREADS_BIND=\"0|1\"` (one core " \
     "per rank, gloo), with draft_model k=4 speculation"

@@ -189,8 +189,8 @@ def test_container_affinity_mask_counts_the_cards_the_container_is_given(p2p_hos
 
 
 def test_serve_render_refuses_site_env_the_recipe_rules_reject(p2p_host) -> None:
-    """The recipe model's dspark rule (FACTS.md, route b: DSpark runs only on Model Runner V2) applies to a site's
-    --env as to the recipe file; route a runs with VLLM_USE_V2_MODEL_RUNNER=0 (FACTS.md, route a env)."""
+    """The recipe model's dspark rule (docs/facts.md, route b: DSpark runs only on Model Runner V2) applies to a site's
+    --env as to the recipe file; route a runs with VLLM_USE_V2_MODEL_RUNNER=0 (docs/facts.md, route a env)."""
     _, topology_text = p2p_host
     refused = invoke("serve", "render", "--recipe", "dspark-int4-tp1", "--topology", "-",
                      "--env", "VLLM_USE_V2_MODEL_RUNNER=0", stdin=topology_text)

@@ -1,7 +1,7 @@
 """Greedy correctness against real vLLM CPU: every speculative server answers what the target alone answers.
 
 Uses the session's real servers (conftest): the baseline (no speculation), draft-exact, draft-perturbed and
-ngram. Greedy "lossless" speculation is algorithmic (FACTS.md, Measuring); on vLLM CPU with float32 the tiny
+ngram. Greedy "lossless" speculation is algorithmic (docs/facts.md, Measuring); on vLLM CPU with float32 the tiny
 model's outputs are measured identical token for token, which is what these tests hold the check to.
 """
 

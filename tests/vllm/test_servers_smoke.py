@@ -50,7 +50,7 @@ def _workers(server) -> dict[str, str]:
 
 
 def test_speculative_servers_run_two_tp_ranks_one_core_each(local_servers, cpu_tiny):
-    """FACTS.md (Added after the first release): vLLM 0.32 CPU serves `--tensor-parallel-size 2` with
+    """docs/facts.md (Added after the first release): vLLM 0.32 CPU serves `--tensor-parallel-size 2` with
     `VLLM_CPU_OMP_THREADS_BIND="0|1"` (one core per rank) beside a TP=1 target-only baseline. vLLM names each
     worker process `VLLM::Worker_TP<rank>` when TP > 1, `VLLM::Worker` otherwise (v1/executor/multiproc_executor.py),
     and OpenMP binds each rank to its cores (utils/ompmultiprocessing.py: OMP_PLACES, OMP_PROC_BIND)."""
