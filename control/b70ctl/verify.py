@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from b70ctl import __version__
 from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
 from b70ctl.checks.correctness import (
@@ -32,7 +34,7 @@ from b70ctl.checks.correctness import (
 from b70ctl.checks.metrics import MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import run_throughput, throughput_measurements
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import write_text_atomically
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.markdown import render_markdown
@@ -60,18 +62,28 @@ class VerifyRequest:
 
 
 def load_host_facts(path: Path) -> Environment:
+    """The host facts a report records; a file that is not one is refused naming the field, before any request."""
+    fix = "pass the host_facts.json `b70ctl host environment` wrote (or `b70ctl host facts --json`)"
     try:
-        facts = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise BadInput(f"host facts {path}: cannot read JSON ({error}): pass the file `b70ctl host facts --json` "
-                       "wrote") from error
+        facts = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise BadInput(f"host facts {path}: not UTF-8 text (byte {error.start}): {fix}") from error
+    except IsADirectoryError as error:
+        raise BadInput(f"host facts {path}: is a directory: {fix}") from error
+    except OSError as error:
+        raise BadInput(f"host facts {path}: {error.strerror}: {fix}") from error
+    except json.JSONDecodeError as error:
+        raise BadInput(f"host facts {path}: not valid JSON (line {error.lineno}): {fix}") from error
     if not isinstance(facts, dict):
-        raise BadInput(f"host facts {path}: expected a JSON object")
+        raise BadInput(f"host facts {path}: expected a JSON object, found {type(facts).__name__}: {fix}")
     known = {key: facts[key] for key in HOST_FACT_FIELDS if facts.get(key) is not None}
     # What the server says of itself (vllm_version, served_model) wins over the facts: not repeated as extra.
     extra = {key: value for key, value in facts.items() if key not in Environment.model_fields
              and isinstance(value, (str, int, float, bool))}
-    return Environment(**known, extra=extra)
+    try:
+        return Environment(**known, extra=extra)
+    except ValidationError as error:
+        raise BadInput(f"host facts {path}: {first_problem(error)}: {fix}") from error
 
 
 def _preflight(request: VerifyRequest) -> tuple[Reference | None, Environment]:

@@ -3,21 +3,31 @@ and check what a refused or faulted command left behind.
 
 Every case asserts the same four things: the exit code; exactly one `error:` line naming the problem (never a
 traceback); no file changed outside the places the case says the command may write; no temporary or
-half-written file anywhere under the case's directory.
+half-written file anywhere under the case's directory. Faults the machine cannot produce on demand (a full disk, a
+directory root may not write to: the tests run as root, which ignores permissions) are simulated in-process while
+the command runs (`disk_full`, `read_only`).
 """
 
 from __future__ import annotations
 
+import builtins
+import errno
 import io
 import os
 import re
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Names the writers use for what is not finished yet: none may outlive a command.
-HALF_WRITTEN = re.compile(r"(\.tmp$|\.partial$|\.retired$|\.write-test$|^\.[^/]*\.[0-9a-z_]{8}\.tmp$)")
+import pytest
+
+# Names the writers use for what is not finished yet: none may outlive a command (a fetch's .part only survives a
+# failed download, to resume it: no case here downloads).
+HALF_WRITTEN = re.compile(r"(\.tmp$|\.part$|\.partial$|\.retired$|\.write-test$|^\.[^/]*\.[0-9a-z_]{8}\.tmp$)")
 
 
 @dataclass
@@ -30,15 +40,97 @@ class Outcome:
     def error_lines(self) -> list[str]:
         return [line for line in self.stderr.splitlines() if line.startswith("error:")]
 
+    @property
+    def warning_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("warning:")]
+
 
 @dataclass
 class Invocation:
-    """What a case runs: the arguments, its environment changes, stdin, and where it may write."""
+    """What a case runs: the arguments, its environment changes, stdin, where it may write, and a fault that is in
+    force while it runs."""
 
     args: list[str]
     env: dict[str, str | None] = field(default_factory=dict)
     stdin: str | None = None
     may_write: list[Path] = field(default_factory=list)
+    fault: Callable[[pytest.MonkeyPatch], None] | None = None
+
+
+def disk_full(patch: pytest.MonkeyPatch) -> None:
+    """Every temporary file a writer makes lands on a full disk: it is created, and its first write reaches the
+    disk as a write to /dev/full does, failing with ENOSPC."""
+    make_temporary = tempfile.mkstemp
+
+    def on_full_disk(*args: Any, **kwargs: Any) -> tuple[int, str]:
+        handle, name = make_temporary(*args, **kwargs)
+        full = os.open("/dev/full", os.O_WRONLY)
+        os.dup2(full, handle)
+        os.close(full)
+        return handle, name
+
+    patch.setattr(tempfile, "mkstemp", on_full_disk)
+
+
+def copy_fills_disk(patch: pytest.MonkeyPatch) -> None:
+    """A source on another filesystem (no hard link) and a disk that fills half-way through each copy."""
+    def cross_device(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    def half_copy(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        data = Path(source).read_bytes()
+        Path(target).write_bytes(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+
+    patch.setattr(os, "link", cross_device)
+    patch.setattr(shutil, "copyfile", half_copy)
+
+
+def read_only(directory: Path) -> Callable[[pytest.MonkeyPatch], None]:
+    """`directory` as a read-only mount (or a 0500 directory to a user who is not root) looks to a writer: making,
+    linking, renaming or opening for writing anything below it fails with EACCES."""
+    def inside(path: Any) -> bool:
+        try:
+            return Path(os.fsdecode(path)).absolute().is_relative_to(directory)
+        except (TypeError, ValueError):
+            return False
+
+    def refused(path: Any) -> OSError:
+        return PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(path))
+
+    def fault(patch: pytest.MonkeyPatch) -> None:
+        real_open, real_os_open = builtins.open, os.open
+        writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+        def guarded(real: Callable[..., Any], *positions: int) -> Callable[..., Any]:
+            """`real`, refusing when the path argument at any of `positions` is below the directory."""
+            def call(*args: Any, **kwargs: Any) -> Any:
+                for position in positions:
+                    if position < len(args) and inside(args[position]):
+                        raise refused(args[position])
+                return real(*args, **kwargs)
+            return call
+
+        def opened(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            if isinstance(file, (str, bytes, os.PathLike)) and set(mode) & set("wax+") and inside(file):
+                raise refused(file)
+            return real_open(file, mode, *args, **kwargs)
+
+        def os_opened(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            if flags & writes and inside(path):
+                raise refused(path)
+            return real_os_open(path, flags, *args, **kwargs)
+
+        patch.setattr(builtins, "open", opened)
+        patch.setattr(os, "open", os_opened)
+        patch.setattr(os, "mkdir", guarded(os.mkdir, 0))
+        patch.setattr(os, "link", guarded(os.link, 1))
+        patch.setattr(os, "symlink", guarded(os.symlink, 1))
+        patch.setattr(os, "replace", guarded(os.replace, 0, 1))
+        patch.setattr(os, "rename", guarded(os.rename, 0, 1))
+        patch.setattr(os, "unlink", guarded(os.unlink, 0))
+
+    return fault
 
 
 def snapshot(root: Path) -> dict[str, tuple[str, int, int]]:
@@ -87,9 +179,12 @@ def run_b70ctl(args: list[str], env: dict[str, str | None] | None = None, stdin:
 
 
 def assert_one_line_error(outcome: Outcome, code: int, pattern: str) -> None:
+    """Exit `code` and one error line matching `pattern`; no pattern: no error line (exit 0, or 1 for a check that
+    failed and says so in its result)."""
     assert outcome.code == code, f"exit {outcome.code}, expected {code}\nstderr: {outcome.stderr}"
     assert "Traceback" not in outcome.stderr, outcome.stderr
-    if code == 0:
+    if not pattern:
+        assert not outcome.error_lines, outcome.stderr
         return
     lines = outcome.error_lines
     assert len(lines) == 1, f"expected one error line, got: {outcome.stderr!r}"

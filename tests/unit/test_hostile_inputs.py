@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from b70ctl.lock.model import FilePin, ImagePin, ModelPin, PatchSeriesPin, build_lock, lock_document
-from hostile import Invocation, assert_left_clean, assert_one_line_error, run_b70ctl, snapshot
+from hostile import (
+    Invocation,
+    assert_left_clean,
+    assert_one_line_error,
+    run_b70ctl,
+    snapshot,
+)
 from store_fixtures import (  # noqa: F401 (fixtures)
     DRAFTER_REPO,
     IMAGE_REFERENCE,
@@ -32,6 +39,7 @@ class Case:
     build: Callable[[Path], Invocation]
     exit_code: int
     message: str  # regex the one error line must match
+    warning: str | None = None  # regex one `warning:` line on stderr must match
 
 
 @pytest.fixture(autouse=True)
@@ -47,8 +55,14 @@ def run_case(case: Case, tmp_path: Path) -> None:
     work.mkdir()
     invocation = case.build(work)
     before = snapshot(tmp_path)
-    outcome = run_b70ctl(invocation.args, invocation.env, invocation.stdin)
+    with pytest.MonkeyPatch.context() as patch:
+        if invocation.fault is not None:
+            invocation.fault(patch)
+        outcome = run_b70ctl(invocation.args, invocation.env, invocation.stdin)
     assert_one_line_error(outcome, case.exit_code, case.message)
+    if case.warning is not None:
+        assert any(re.search(case.warning, line) for line in outcome.warning_lines), \
+            f"{case.warning!r} not in the warnings: {outcome.stderr!r}"
     assert_left_clean(tmp_path, before, invocation.may_write + [tmp_path / "xdg-cache", tmp_path / "hf-home"])
 
 
@@ -738,6 +752,144 @@ def test_inventories_fail_preflight(name, tmp_path):
 
     assert re.search(pattern, output), output
     assert snapshot(work) == before
+
+
+# --- host facts documents: what `host facts --json` and `host environment` wrote, read back --------------------
+# `host fit --facts` and `host environment` (the bundle's facts) read the b70 fact; `verify --host-facts` reads
+# host_facts.json (the report's environment fields); `serve render --topology` reads /etc/b70/topology.json.
+
+
+def _b70_fact(work: Path) -> dict:
+    """What `b70ctl host facts --json` prints on a real-shaped host with two B70."""
+    from b70ctl.host.facts import collect_facts
+    from sysfs_trees import build_tree
+
+    return collect_facts(build_tree(work, "b70x2-switch"))
+
+
+def _with_first_gpu(**changes: object) -> Callable[[dict], object]:
+    def change(facts: dict) -> dict:
+        return {**facts, "gpus": [{**facts["gpus"][0], **changes}, *facts["gpus"][1:]]}
+    return change
+
+
+def _facts_file(change: Callable[[dict], object] | None = None, raw: bytes | None = None,
+                directory: bool = False, stdin: bool = False) -> Callable[[Path], Invocation]:
+    """`host fit` of the two-B70 recipe on a facts file (or stdin) holding `change(facts)`, or raw bytes."""
+    def build(work: Path) -> Invocation:
+        data = (change or (lambda facts: facts))(_b70_fact(work))
+        if stdin:
+            return Invocation(["host", "fit", "pr620-fp8-tp2", "--facts", "-"], stdin=json.dumps(data))
+        path = work / "facts.json"
+        if directory:
+            path.mkdir()
+        else:
+            path.write_bytes(raw if raw is not None else json.dumps(data).encode())
+        return Invocation(["host", "fit", "pr620-fp8-tp2", "--facts", str(path)])
+    return build
+
+
+def _bundle(change: Callable[[dict], object]) -> Callable[[Path], Invocation]:
+    """`host environment` of a bundle whose facts are `change(facts)`, as the replication_check role pipes it."""
+    def build(work: Path) -> Invocation:
+        bundle = {"hostname": "b70-a", "facts": change(_b70_fact(work))}
+        return Invocation(["host", "environment", "--recipe", "cpu-tiny"], stdin=json.dumps(bundle))
+    return build
+
+
+HOST_FACTS_JSON = {"hostname": "b70-a", "kernel": "6.17.0-1009-intel", "gpu_count": 2, "gpu_model": "2x B70",
+                   "p2p_profile": "p2p"}
+
+
+def _verify_host_facts(content: bytes | None) -> Callable[[Path], Invocation]:
+    """verify --host-facts FILE (None: FILE is a directory); the endpoint is never asked: refused before."""
+    def build(work: Path) -> Invocation:
+        path = work / "host_facts.json"
+        if content is None:
+            path.mkdir()
+        else:
+            path.write_bytes(content)
+        return Invocation(["verify", "--endpoint", GOOD_URL, "--recipe", "cpu-tiny", "--check", "smoke", "--out",
+                           str(work / "out"), "--host-facts", str(path), "--timeout", "5"], may_write=[work / "out"])
+    return build
+
+
+def _topology_file(change: Callable[[dict], object] | None = None, raw: bytes | None = None,
+                   directory: bool = False) -> Callable[[Path], Invocation]:
+    """serve render of the two-B70 recipe with --topology FILE: the host's topology.json, changed."""
+    def build(work: Path) -> Invocation:
+        from b70ctl.host.topology import analyse
+
+        path = work / "topology.json"
+        if directory:
+            path.mkdir()
+        elif raw is not None:
+            path.write_bytes(raw)
+        else:
+            document = analyse(_b70_fact(work), 2, probe="never")
+            path.write_text(json.dumps((change or (lambda d: d))(document)))
+        return Invocation(["serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", str(path)])
+    return build
+
+
+FACTS = r"host facts \S*facts\.json"
+HOST_FACTS_CASES = [
+    Case("fit-facts-good", _facts_file(), 0, ""),
+    Case("fit-facts-ram-string", _facts_file(lambda f: {**f, "ram_total_bytes": "64GB"}), 2,
+         FACTS + r": ram_total_bytes: .*integer"),
+    Case("fit-facts-gpus-object", _facts_file(lambda f: {**f, "gpus": {"0": f["gpus"][0]}}), 2,
+         FACTS + r": gpus: .*list"),
+    Case("fit-facts-gpu-entry-list", _facts_file(lambda f: {**f, "gpus": [list(f["gpus"][0])]}), 2,
+         FACTS + r": gpus\.0: "),
+    Case("fit-facts-vram-string", _facts_file(_with_first_gpu(vram_bytes="32GiB")), 2,
+         FACTS + r": gpus\.0\.vram_bytes: .*integer"),
+    Case("fit-facts-xe-bound-string", _facts_file(_with_first_gpu(xe_bound="false")), 2,
+         FACTS + r": gpus\.0\.xe_bound: .*bool"),
+    Case("fit-facts-nominal-vram-bool", _facts_file(_with_first_gpu(vram_gib_nominal=True)), 2,
+         FACTS + r": gpus\.0\.vram_gib_nominal: "),
+    Case("fit-facts-not-utf8", _facts_file(raw=b'{"gpus": [], "kernel_release": "6.8\xff"}'), 2,
+         FACTS + r": not UTF-8"),
+    Case("fit-facts-directory", _facts_file(directory=True), 2, FACTS + r": is a directory"),
+    Case("fit-facts-truncated", _facts_file(raw=b'{"gpus": ['), 2, FACTS + r": not valid JSON"),
+    Case("fit-facts-list", _facts_file(lambda f: [f]), 2, FACTS + r": .*JSON object"),
+    Case("fit-facts-stdin-mistyped", _facts_file(_with_first_gpu(pci_id=0xE223), stdin=True), 2,
+         r"host facts on stdin: gpus\.0\.pci_id: .*string"),
+    Case("environment-facts-gpu-count-string", _bundle(lambda f: {**f, "gpu_count": "two"}), 2,
+         r"host bundle on stdin is invalid .*facts.*gpu_count"),
+    Case("environment-facts-kernel-number", _bundle(lambda f: {**f, "kernel_release": 6.8}), 2,
+         r"host bundle on stdin is invalid .*facts.*kernel_release"),
+    Case("environment-facts-by-model-list", _bundle(lambda f: {**f, "gpu_count_by_model": ["B70"]}), 2,
+         r"host bundle on stdin is invalid .*facts.*gpu_count_by_model"),
+    Case("environment-facts-firmware-list", _bundle(lambda f: {**f, "firmware_files": ["xe/bmg_guc_70.bin"]}), 2,
+         r"host bundle on stdin is invalid .*facts.*firmware_files"),
+    Case("environment-facts-ram-string", _bundle(lambda f: {**f, "ram_total_bytes": "64GB"}), 2,
+         r"host bundle on stdin is invalid .*facts.*ram_total_bytes"),
+    Case("environment-facts-list", _bundle(lambda f: [f]), 2, r"host bundle on stdin is invalid .*facts"),
+    Case("environment-facts-empty", _bundle(lambda f: {}), 0, ""),
+    Case("verify-host-facts-gpu-count-string", _verify_host_facts(json.dumps({**HOST_FACTS_JSON, "gpu_count": "two"})
+                                                                  .encode()), 2,
+         r"host facts \S*host_facts\.json: gpu_count: .*integer"),
+    Case("verify-host-facts-kernel-list", _verify_host_facts(json.dumps({**HOST_FACTS_JSON, "kernel": ["6.8"]})
+                                                             .encode()), 2,
+         r"host facts \S*host_facts\.json: kernel: "),
+    Case("verify-host-facts-not-utf8", _verify_host_facts(b'{"hostname": "b70-\xff"}'), 2,
+         r"host facts \S*host_facts\.json: not UTF-8"),
+    Case("verify-host-facts-directory", _verify_host_facts(None), 2, r"host facts \S*host_facts\.json: is a directory"),
+    Case("verify-host-facts-list", _verify_host_facts(b"[]"), 2, r"host facts \S*host_facts\.json: .*JSON object"),
+    Case("topology-file-not-utf8", _topology_file(raw=b'{"profile": "p2p\xff"}'), 2,
+         r"topology file \S*topology\.json: not UTF-8"),
+    Case("topology-file-directory", _topology_file(directory=True), 2, r"topology file \S*topology\.json: .*directory"),
+    Case("topology-file-size-string", _topology_file(lambda d: {**d, "tensor_parallel_size": "two"}), 2,
+         r"topology file \S*topology\.json: tensor_parallel_size: "),
+    Case("topology-file-gpus-object", _topology_file(lambda d: {**d, "gpus": {"0": d["gpus"][0]}}), 2,
+         r"topology file \S*topology\.json: gpus: "),
+    Case("topology-file-list", _topology_file(lambda d: [d]), 2, r"topology file \S*topology\.json: "),
+]
+
+
+@pytest.mark.parametrize("case", HOST_FACTS_CASES, ids=lambda case: case.id)
+def test_host_facts_files(case: Case, tmp_path: Path) -> None:
+    run_case(case, tmp_path)
 
 
 # --- the top-level guard ------------------------------------------------------------------------------------

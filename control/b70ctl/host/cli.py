@@ -18,6 +18,7 @@ from rich.table import Table
 from b70ctl.errors import BadInput
 from b70ctl.host.facts import collect_facts
 from b70ctl.host.memory import KV_CACHE_GIB_MIN, host_fit
+from b70ctl.host.model import load_facts
 from b70ctl.host.topology import PROFILE_CHOICES, TOPOLOGY_PATH, topology
 from b70ctl.recipes import load_recipe
 
@@ -103,19 +104,6 @@ def topology_command(
         out.print(f"{'wrote' if result['changed'] else 'unchanged'} {os.path.join(root, TOPOLOGY_PATH.lstrip('/'))}")
 
 
-def _facts_from(source: str) -> dict[str, Any]:
-    """The b70 fact of a host, from a file or '-' (stdin): how the controller checks a host it is not on."""
-    try:
-        text = sys.stdin.read() if source == "-" else open(source, encoding="utf-8").read()  # noqa: SIM115
-        facts = json.loads(text)
-    except (OSError, json.JSONDecodeError) as error:
-        raise BadInput(f"--facts {source}: cannot read JSON ({error}): give the output of `b70ctl host facts "
-                       "--json` (the host's b70 Ansible fact)") from error
-    if not isinstance(facts, dict) or "gpus" not in facts:
-        raise BadInput(f"--facts {source}: not a host facts document (no 'gpus'): give `b70ctl host facts --json`")
-    return facts
-
-
 @app.command("fit")
 def fit_command(
     recipe: Annotated[str, typer.Argument(help="Recipe name or path to a recipe file")],
@@ -129,7 +117,8 @@ def fit_command(
     """Does RECIPE fit this host: GPU count and ids, per-card VRAM budget, host RAM. Exit 1 when it does not."""
     if facts is None:
         _check_root(root)
-    result = host_fit(load_recipe(recipe), _facts_from(facts) if facts else collect_facts(root), kv_cache_gib)
+    result = host_fit(load_recipe(recipe), load_facts(facts).model_dump() if facts else collect_facts(root),
+                      kv_cache_gib)
     if as_json:
         _print_json(result.model_dump(mode="json"))
     else:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from b70ctl.host.model import FactsDocument
 from b70ctl.lock.model import Lock, appliance_hash
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import Environment
@@ -25,7 +26,7 @@ class HostBundle(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     hostname: str | None = None
-    facts: dict[str, Any] = Field(default_factory=dict, description="The b70 fact (host/facts.py output)")
+    facts: FactsDocument | None = Field(None, description="The b70 fact (host/facts.py output)")
     topology: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/topology.json")
     image: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/image.json")
     models: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/models.json")
@@ -33,12 +34,18 @@ class HostBundle(BaseModel):
     serve: dict[str, Any] = Field(default_factory=dict, description="`b70ctl serve render` output of the measured "
                                                                      "server (/etc/b70/serve.json)")
 
+    @field_validator("facts", mode="before")
+    @classmethod
+    def _no_facts_yet(cls, value: Any) -> Any:
+        """The role sends {} for a host whose gpu_topology stage has not run: no facts, not broken ones."""
+        return None if value == {} else value
 
-def _firmware_version(facts: dict[str, Any], kind: str) -> str | None:
+
+def _firmware_version(facts: FactsDocument, kind: str) -> str | None:
     """The release version of the first present xe firmware file of KIND (guc or huc), else its file name."""
-    for name, entry in sorted((facts.get("firmware_files") or {}).items()):
-        if f"_{kind}" in name.rsplit("/", 1)[-1] and isinstance(entry, dict) and entry.get("present"):
-            return str(entry.get("release_version") or entry.get("file") or name)
+    for name, entry in sorted(facts.firmware_files.items()):
+        if f"_{kind}" in name.rsplit("/", 1)[-1] and entry.present:
+            return entry.release_version or entry.file or name
     return None
 
 
@@ -60,7 +67,7 @@ def serve_command_line(rendered: dict[str, Any]) -> str | None:
 
 def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environment:
     facts = bundle.facts
-    by_model = facts.get("gpu_count_by_model") or {}
+    by_model = facts.gpu_count_by_model if facts else {}
     return Environment(
         hostname=bundle.hostname,
         appliance_hash=appliance_hash(recipe, lock),
@@ -68,11 +75,11 @@ def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environm
         vllm_version=bundle.image.get("vllm_version"),
         model_revision=_revision(bundle.models, "target"),
         drafter_revision=_revision(bundle.models, "drafter"),
-        kernel=facts.get("kernel_release"),
-        xe_guc_firmware=_firmware_version(facts, "guc"),
-        xe_huc_firmware=_firmware_version(facts, "huc"),
+        kernel=facts.kernel_release if facts else None,
+        xe_guc_firmware=_firmware_version(facts, "guc") if facts else None,
+        xe_huc_firmware=_firmware_version(facts, "huc") if facts else None,
         compute_runtime=bundle.compute_runtime,
-        gpu_count=facts.get("gpu_count") if facts else None,
+        gpu_count=facts.gpu_count if facts else None,
         gpu_model=", ".join(f"{count}x {name}" for name, count in sorted(by_model.items())) or None,
         p2p_profile=bundle.topology.get("profile"),
         serve_command=serve_command_line(bundle.serve),

@@ -1,18 +1,21 @@
-"""The topology document (/etc/b70/topology.json) as a typed model: how the serving stage reads it.
+"""The host's documents as typed models: how b70ctl reads them back.
 
-topology.py writes it with the standard library only (it runs on hosts with just python3); whoever reads it in
-b70ctl goes through `load_topology`, so a hand-edited or stale file is refused with the field and the fix.
+The topology document (/etc/b70/topology.json) and the facts document (the b70 Ansible fact, `b70ctl host facts
+--json`) are written by topology.py and facts.py with the standard library only (they run on hosts with just
+python3); whoever reads one in b70ctl goes through `load_topology` or `FactsDocument` (`load_facts`), so a
+hand-edited, stale or mistyped file is refused with the field and the fix instead of failing later.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.topology import CCL_PROFILES, TOPOLOGY_SCHEMA_VERSION
 
 Profile = Literal["p2p", "no-p2p"]
@@ -106,23 +109,91 @@ class TopologyDocument(_Model):
 
 def load_topology(path: Path) -> TopologyDocument:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise BadInput(f"topology file {path}: not UTF-8 text (byte {error.start}): rewrite it with `b70ctl host "
+                       f"topology --write`") from error
     except OSError as error:
         raise BadInput(f"topology file {path}: {error.strerror}: run `b70ctl host topology --write` (or the "
                        f"gpu_topology role) on the host first") from error
     except json.JSONDecodeError as error:
         raise BadInput(f"topology file {path}: not JSON ({error.msg}): rewrite it with `b70ctl host topology "
                        f"--write`") from error
+    if not isinstance(data, dict):
+        raise BadInput(f"topology file {path}: expected a JSON object, found {type(data).__name__}: rewrite it with "
+                       f"`b70ctl host topology --write`")
     data.pop("changed", None)
     data.pop("path", None)
     try:
         document = TopologyDocument.model_validate(data)
     except ValidationError as error:
-        first = error.errors()[0]
-        location = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise BadInput(f"topology file {path}: {location}: {first['msg']}: rewrite it with `b70ctl host topology "
+        raise BadInput(f"topology file {path}: {first_problem(error)}: rewrite it with `b70ctl host topology "
                        f"--write`") from error
     if document.ccl_env != CCL_PROFILES[document.profile]["env"]:
         raise BadInput(f"topology file {path}: ccl_env differs from profile {document.profile}'s set: rewrite it "
                        f"with `b70ctl host topology --write`")
     return document
+
+
+# --- the facts document: the b70 Ansible fact, `b70ctl host facts --json` (facts.py) ---------------------------
+
+
+class _Facts(BaseModel):
+    """Strict: facts.py writes real JSON types, so "64GB" for a byte count or "false" for a flag is a broken file,
+    not something to coerce (the string "false" would read as true). Fields b70ctl does not read pass through."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+
+
+class FactsGpu(_Facts):
+    """One discrete GPU as the fit check and the reports read it."""
+
+    pci_address: str
+    pci_id: str | None = None
+    model: str = "unknown"
+    driver: str | None = None
+    xe_bound: bool = False
+    vram_bytes: int | None = Field(None, ge=0)
+    vram_gib_nominal: float | None = Field(None, ge=0)
+
+
+class FirmwareFile(_Facts):
+    present: bool = False
+    file: str | None = None
+    release_version: str | None = None
+
+
+class FactsDocument(_Facts):
+    """The b70 fact of one host (facts.py `collect_facts`), as read back from a file, stdin or a host bundle."""
+
+    gpus: list[FactsGpu]
+    gpu_count: int | None = Field(None, ge=0)
+    gpu_count_by_model: dict[str, int] = Field(default_factory=dict)
+    kernel_release: str | None = None
+    ram_total_bytes: int | None = Field(None, ge=0)
+    firmware_files: dict[str, FirmwareFile] = Field(default_factory=dict)
+
+
+FACTS_FIX = "give the output of `b70ctl host facts --json` (the host's b70 Ansible fact)"
+
+
+def load_facts(source: str) -> FactsDocument:
+    """A host's facts from a file or '-' (stdin): how the controller checks a host it is not on."""
+    where = "host facts on stdin" if source == "-" else f"host facts {source}"
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_bytes().decode("utf-8")
+        data: Any = json.loads(text)
+    except UnicodeDecodeError as error:
+        raise BadInput(f"{where}: not UTF-8 text (byte {error.start}): {FACTS_FIX}") from error
+    except IsADirectoryError as error:
+        raise BadInput(f"{where}: is a directory: {FACTS_FIX}") from error
+    except OSError as error:
+        raise BadInput(f"{where}: {error.strerror}: {FACTS_FIX}") from error
+    except json.JSONDecodeError as error:
+        raise BadInput(f"{where}: not valid JSON (line {error.lineno}): {FACTS_FIX}") from error
+    if not isinstance(data, dict):
+        raise BadInput(f"{where}: expected a JSON object, found {type(data).__name__}: {FACTS_FIX}")
+    try:
+        return FactsDocument.model_validate(data)
+    except ValidationError as error:
+        raise BadInput(f"{where}: {first_problem(error)}: {FACTS_FIX}") from error

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, first_problem
 from b70ctl.recipes.model import Claim, Recipe, Workload
 
 __all__ = ["Claim", "Recipe", "Workload", "load_recipe", "load_recipe_file", "recipe_names", "recipe_path"]
@@ -28,14 +28,6 @@ def recipe_path(name: str) -> Path:
     if not path.is_file():
         raise BadInput(f"unknown recipe {name!r}: choose one of {', '.join(recipe_names())} (b70ctl recipes list)")
     return path
-
-
-def _first_error(error: ValidationError) -> str:
-    """One line for the first problem: the field's dotted location and what is wrong with it."""
-    first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    message = first["msg"].removeprefix("Value error, ")
-    return f"{location}: {message}"
 
 
 # A recipe is a page of YAML; anything much larger is not one (and /dev/zero would never end).
@@ -64,7 +56,7 @@ def load_recipe_file(path: Path) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as error:
-        raise BadInput(f"recipe file {path}: {_first_error(error)}") from error
+        raise BadInput(f"recipe file {path}: {first_problem(error)}") from error
 
 
 def load_recipe(name_or_path: str) -> Recipe:
