@@ -153,7 +153,7 @@ def test_every_source_of_the_shipped_catalogue_can_be_followed() -> None:
     ({"kind": "docs", "ref": "docs/facts.md: Nowhere"}, "docs/facts.md has no section 'Nowhere'"),
     ({"kind": "docs", "ref": "FACTS.md: Hardware"}, "a docs source is docs/<file>.md"),  # not a citation
     ({"kind": "capture", "ref": "tests/fixtures/diagnose/real/nowhere.log"}, "is not a file of the repository"),
-    ({"kind": "capture", "ref": "tests/fixtures/../../README.md"}, "is not a file of the repository"),
+    ({"kind": "capture", "ref": "tests/fixtures/../../README.md"}, "is not a file of"),  # not a citation
     ({"kind": "capture", "ref": "seeds/000"}, "a capture source is a file under tests/fixtures/"),  # not a citation
     ({"kind": "issue", "ref": "seeds/000 (a comment)"}, "an issue source is the https URL"),  # not a citation
     ({"kind": "seed", "ref": "seeds/000"}, "signatures.0.sources.0.kind"),  # not a citation
