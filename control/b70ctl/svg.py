@@ -1,4 +1,5 @@
-"""A small SVG writer for the fleet report's plots: a canvas, axes that map data to points, ticks, grid, legends.
+"""A small SVG writer for the reports' plots (fleet.html, each host's report.html): a canvas, axes that map data
+to points, ticks, grid, legends, and <title> tooltips that name what a mark is (a host, a request) and its value.
 
 The plots are a few panels of points, lines, bands and bars. Written as SVG text directly they cost milliseconds;
 drawn by matplotlib they cost about a second whatever the fleet size, plus another to import it. Units are points
@@ -21,6 +22,7 @@ SPINE_COLOR = "#000000"
 GRID_COLOR = "#b0b0b0"
 GRID_OPACITY = 0.3
 LEGEND_EDGE_COLOR = "#cccccc"
+LEGEND_SIZE = 9  # as the tick labels: legends are read, not glanced at
 CHAR_WIDTH = 0.56  # of the font size: the average advance of DejaVu Sans, for layout estimates only
 ASCENT = 0.73  # of the font size: baseline below the top of the text, for layout
 TICK_LENGTH = 3.5
@@ -62,6 +64,33 @@ def tick_labels(ticks: Sequence[float]) -> list[str]:
             for tick in ticks]
 
 
+def legend_width(labels: Sequence[str], size: float = LEGEND_SIZE) -> float:
+    """The width of a legend of these labels as Axes.legend draws it, to reserve room for one outside the axes."""
+    return size * (0.5 + 0.8 + 2.0 + 0.8) + max((text_width(label, size) for label in labels), default=0.0)
+
+
+def data_limits(values: Sequence[float], *, margin: float = 0.08, floor: float | None = None,
+                ceiling: float | None = None) -> tuple[float, float]:
+    """Axis limits that fit the values: their range widened by `margin` of it on each side (a single value, or
+    equal ones, by `margin` of the value), kept within floor and ceiling."""
+    finite = [value for value in values if math.isfinite(value)]
+    if not finite:
+        return (0.0, 1.0)
+    low, high = min(finite), max(finite)
+    spread = (high - low) or abs(high) or 1.0
+    low, high = low - margin * spread, high + margin * spread
+    if floor is not None:
+        low = max(low, floor)
+    if ceiling is not None:
+        high = min(high, ceiling)
+    return (low, high) if high > low else (low - 0.5, low + 0.5)
+
+
+def _title(text: str | None) -> str:
+    """A tooltip: browsers show an element's <title> child on hover."""
+    return "" if text is None else f"<title>{escape(text)}</title>"
+
+
 def _style(**properties: object) -> str:
     """SVG presentation attributes; None values are left out."""
     return "".join(f' {name.replace("_", "-")}="{value}"' for name, value in properties.items() if value is not None)
@@ -99,23 +128,26 @@ class Canvas:
                                   stroke_opacity=opacity) + "/>")
 
     def rect(self, x: float, y: float, width: float, height: float, *, fill: str, opacity: float | None = None,
-             stroke: str | None = None, stroke_width: float | None = None, radius: float | None = None) -> None:
+             stroke: str | None = None, stroke_width: float | None = None, radius: float | None = None,
+             title: str | None = None) -> None:
         if width < 0:
             x, width = x + width, -width
         if height < 0:
             y, height = y + height, -height
-        self.body.append(f'<rect x="{num(x)}" y="{num(y)}" width="{num(width)}" height="{num(height)}"'
-                         + _style(rx=num(radius) if radius else None, fill=fill, fill_opacity=opacity, stroke=stroke,
-                                  stroke_width=num(stroke_width) if stroke_width else None) + "/>")
+        attributes = (f'<rect x="{num(x)}" y="{num(y)}" width="{num(width)}" height="{num(height)}"'
+                      + _style(rx=num(radius) if radius else None, fill=fill, fill_opacity=opacity, stroke=stroke,
+                               stroke_width=num(stroke_width) if stroke_width else None))
+        self.body.append(attributes + (f">{_title(title)}</rect>" if title else "/>"))
 
     def polyline(self, points: Sequence[tuple[float, float]], *, color: str, width: float = 1.0,
-                 dash: str | None = None, opacity: float | None = None) -> None:
+                 dash: str | None = None, opacity: float | None = None, title: str | None = None) -> None:
         if not points:
             return
         coordinates = " ".join(f"{num(x)},{num(y)}" for x, y in points)
-        self.body.append(f'<polyline points="{coordinates}" fill="none"'
-                         + _style(stroke=color, stroke_width=num(width), stroke_dasharray=dash,
-                                  stroke_opacity=opacity, stroke_linejoin="round") + "/>")
+        attributes = (f'<polyline points="{coordinates}" fill="none"'
+                      + _style(stroke=color, stroke_width=num(width), stroke_dasharray=dash,
+                               stroke_opacity=opacity, stroke_linejoin="round"))
+        self.body.append(attributes + (f">{_title(title)}</polyline>" if title else "/>"))
 
     def polygon(self, points: Sequence[tuple[float, float]], *, fill: str, opacity: float | None = None) -> None:
         coordinates = " ".join(f"{num(x)},{num(y)}" for x, y in points)
@@ -129,6 +161,15 @@ class Canvas:
         path = "".join(f"M{num(x)} {num(y)}h0" for x, y in points)
         self.body.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="{num(diameter)}" '
                          'stroke-linecap="round"/>')
+
+    def titled_dots(self, points: Sequence[tuple[float, float, str]], *, color: str, diameter: float) -> None:
+        """Dots as `dots` draws them, each its own element with a tooltip (a host and its value): a group carries
+        the stroke, each point is a zero-length path and its <title>."""
+        if not points:
+            return
+        self.body.append(f'<g fill="none" stroke="{color}" stroke-width="{num(diameter)}" stroke-linecap="round">'
+                         + "".join(f'<path d="M{num(x)} {num(y)}h0">{_title(title)}</path>' for x, y, title in points)
+                         + "</g>")
 
     def markers(self, points: Sequence[tuple[float, float]], *, shape: Literal["ring", "square", "dot"],
                 color: str, size: float, edge_width: float = 1.0) -> None:
@@ -274,17 +315,21 @@ class Axes:
         x = self.left - TICK_LENGTH - TICK_PAD - tick_label_width - 4
         self.canvas.text(x, self.top + self.height / 2, text, size=size, anchor="middle", rotate=90)
 
-    def legend(self, entries: Sequence[LegendEntry], *, loc: Literal["lower right", "lower left"],
-               size: float = 7) -> None:
-        """A framed legend inside the axes, in a corner, one entry per row."""
+    def legend(self, entries: Sequence[LegendEntry], *, loc: Literal["lower right", "lower left", "outside right"],
+               size: float = LEGEND_SIZE) -> None:
+        """A framed legend, one entry per row: inside the axes in a lower corner, or outside, right of the axes
+        and level with their top (the figure leaves legend_width of room there), where it hides no data."""
         if not entries:
             return
         pad, handle, gap, row = 0.4 * size, 2.0 * size, 0.8 * size, 1.3 * size
         width = pad * 2 + handle + gap + max(text_width(entry.label, size) for entry in entries)
         height = pad * 2 + row * len(entries)
         inset = 0.5 * size
-        left = self.right - inset - width if loc == "lower right" else self.left + inset
-        top = self.bottom - inset - height
+        if loc == "outside right":
+            left, top = self.right + inset, self.top
+        else:
+            left = self.right - inset - width if loc == "lower right" else self.left + inset
+            top = self.bottom - inset - height
         self.canvas.rect(left, top, width, height, fill="#ffffff", opacity=0.9, stroke=LEGEND_EDGE_COLOR,
                          stroke_width=0.8, radius=2)
         for index, entry in enumerate(entries):

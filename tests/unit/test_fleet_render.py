@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import unquote
 from xml.etree import ElementTree
 
 import pytest
-from fleet_factory import fleet_host_kind, synthetic_fleet
+from fleet_factory import fleet_host_kind, make_report, synthetic_fleet, write_host
 from test_fleet_aggregate import NO_P2P_HOSTS, SLOW_HOST, build_planted_fleet
 
-from b70ctl.fleet import render, svg
+from b70ctl import svg
+from b70ctl.fleet import render
 from b70ctl.fleet.aggregate import aggregate, build_fleet_report
 from b70ctl.fleet.model import FleetReport
 
@@ -27,11 +31,13 @@ def rendered(tmp_path_factory) -> tuple[FleetReport, dict[str, Path]]:
 
 
 class References(HTMLParser):
-    """Every URL-bearing attribute and every inline SVG root of a document."""
+    """Every URL-bearing attribute, script and inline SVG root of a document."""
 
     def __init__(self) -> None:
         super().__init__()
         self.urls: list[str] = []
+        self.links: list[str] = []
+        self.scripts: list[dict[str, str | None]] = []
         self.svg_count = 0
         self.tags: set[str] = set()
 
@@ -39,9 +45,62 @@ class References(HTMLParser):
         self.tags.add(tag)
         if tag == "svg":
             self.svg_count += 1
+        if tag == "script":
+            self.scripts.append(dict(attrs))
         for name, value in attrs:
             if name in ("src", "href", "xlink:href", "action", "data", "poster") and value is not None:
                 self.urls.append(value)
+                if tag == "a":
+                    self.links.append(value)
+
+
+class HostTable(HTMLParser):
+    """fleet.html's host table: header texts, and per row each cell's text and data-sort attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headers: list[str] = []
+        self.rows: list[list[dict[str, str | None]]] = []
+        self.links: dict[str, str] = {}  # host name -> href
+        self._inside = False
+        self._cell: dict[str, str | None] | None = None
+        self._href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "table" and attributes.get("id") == "hosts":
+            self._inside = True
+        elif self._inside and tag == "tr":
+            self.rows.append([])
+        elif self._inside and tag in ("th", "td"):
+            self._cell = {"text": "", "sort": attributes.get("data-sort")}
+        elif self._inside and tag == "a":
+            self._href = attributes.get("href")
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell["text"] += data
+            if self._href is not None:
+                self.links[data] = self._href
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._inside = False
+        elif self._inside and tag in ("th", "td") and self._cell is not None:
+            if tag == "th":
+                self.headers.append(self._cell["text"])
+            else:
+                self.rows[-1].append(self._cell)
+            self._cell = None
+        elif tag == "a":
+            self._href = None
+
+
+def host_table(html: str) -> HostTable:
+    table = HostTable()
+    table.feed(html)
+    table.rows = [row for row in table.rows if row]
+    return table
 
 
 def test_json_is_the_model(rendered):
@@ -55,19 +114,160 @@ def test_html_is_self_contained_and_has_the_plots(rendered):
     html = paths["fleet.html"].read_text()
     parser = References()
     parser.feed(html)
-    # Inline SVG only references its own elements (#id) or embedded data; nothing is fetched.
+    # Inline SVG only references its own elements (#id) or embedded data; the host links are relative paths to
+    # the hosts' own reports on the same disk. Nothing is fetched.
     assert parser.urls, "the plots' internal references were expected"
-    assert all(url.startswith(("#", "data:")) for url in parser.urls), [
-        u for u in parser.urls if not u.startswith(("#", "data:"))]
+    external = [url for url in parser.urls if not url.startswith(("#", "data:")) and url not in parser.links]
+    assert not external, external
+    for link in parser.links:
+        assert not re.match(r"^([a-z][a-z0-9+.-]*:|/)", link, re.IGNORECASE), link
+        assert (paths["fleet.html"].parent / unquote(link)).is_file(), link
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.IGNORECASE)
     assert not re.search(r"url\(\s*['\"]?(https?:)?//|@import", html, re.IGNORECASE)
-    assert {"script", "link", "iframe", "img"}.isdisjoint(parser.tags)
+    assert {"link", "iframe", "img"}.isdisjoint(parser.tags)
+    assert parser.scripts == [{}]  # one script, inline: no src
     # Two recipes: decode per host, acceptance curves for each; the drift chart for the recipe that drifts.
     assert parser.svg_count == 5
     for title in ("short: median decode tok/s per host", "long_prompt: per-position acceptance",
                   "pr620-fp8-tp2: what drift costs", "claim short-median &gt;= 72.2", "P2P = no-p2p (4 hosts)"):
         assert title in html, title
-    assert "<details>" in html and "Drift from the fleet majority" in html
+    assert "<details open>" in html and "Drift from the fleet majority" in html
+
+
+def test_each_host_point_names_its_host_and_value(rendered):
+    report, paths = rendered
+    html = paths["fleet.html"].read_text()
+    (fleet,) = [f for f in report.recipes if f.recipe == "pr620-fp8-tp2"]
+    decode = next(d for d in re.findall(r"<svg\b.*?</svg>", html, re.DOTALL) if "pr620-fp8-tp2 · short: median" in d)
+    titles = [element.text for element in ElementTree.fromstring(decode).iter("{http://www.w3.org/2000/svg}title")]
+    outliers = {o.host for o in fleet.outliers if o.workload == "short"}
+    expected = [f"{entry.host}: {figures.median_decode_tok_s:.1f} tok/s" + (" (outlier)" if entry.host in outliers
+                                                                             else "")
+                for entry in report.hosts if entry.recipe == fleet.recipe and entry.status in ("verified", "partial")
+                for figures in entry.workloads if figures.name == "short"]
+    assert len(expected) == 21 and set(expected) <= set(titles)
+    assert f"{SLOW_HOST}: " in " ".join(t for t in expected if t.endswith("(outlier)"))
+    # The per-host acceptance curves name their host too.
+    acceptance = next(d for d in re.findall(r"<svg\b.*?</svg>", html, re.DOTALL)
+                      if "long_prompt: per-position acceptance" in d and "<title>b70-" in d)
+    assert "<title>b70-00: 0.82 0.61 0.44 0.30</title>" in acceptance
+
+
+def test_y_axes_fit_the_data_and_legends_are_readable(rendered):
+    _, paths = rendered
+    html = paths["fleet.html"].read_text()
+    decode = next(d for d in re.findall(r"<svg\b.*?</svg>", html, re.DOTALL) if "pr620-fp8-tp2 · short: median" in d)
+    root = ElementTree.fromstring(decode)
+    texts = list(root.iter("{http://www.w3.org/2000/svg}text"))
+    y_ticks = [float(t.text) for t in texts if t.get("text-anchor") == "end" and t.get("transform") is None
+               and re.fullmatch(r"\d+(\.\d+)?", t.text or "")]
+    # The planted hosts measure 26.7 (the slow host's natural text) to 106 tok/s: no axis starts at 0.
+    assert y_ticks and min(y_ticks) >= 25 and max(y_ticks) <= 110
+    legend = [t for t in texts if (t.text or "").startswith(("fleet majority", "claim short-median", "outlier"))]
+    assert legend and all(float(t.get("font-size")) >= 9 for t in legend)
+    assert svg.data_limits([70.0, 80.0]) == pytest.approx((69.2, 80.8))
+    assert svg.data_limits([0.988] * 4, floor=0.0, ceiling=1.02) == pytest.approx((0.988 - 0.08 * 0.988, 1.02))
+    assert svg.data_limits([]) == (0.0, 1.0)
+
+
+def test_hosts_link_to_their_own_report(tmp_path):
+    """The collected layout: REPORTS_DIR/<host>/ and the fleet report in REPORTS_DIR/fleet/."""
+    reports = tmp_path / "reports"
+    for host in ("html-host", "md-host", "json-host"):
+        write_host(reports, host, make_report("cpu-tiny", host))
+    (reports / "html-host" / "report.html").write_text("<!DOCTYPE html>")
+    (reports / "html-host" / "report.md").write_text("# report")
+    (reports / "md-host" / "report.md").write_text("# report")
+    write_host(reports, "gone-host", unreachable={"kind": "unreachable", "reason": "no route"})
+    paths = render.write_fleet_report(aggregate(reports), reports / "fleet")
+    table = host_table(paths["fleet.html"].read_text())
+    assert table.links == {"html-host": "../html-host/report.html", "md-host": "../md-host/report.md",
+                           "json-host": "../json-host/report.json"}
+    assert "gone-host" in {row[0]["text"] for row in table.rows}
+
+
+HOSTILE_NAMES = ["<script>alert(1)</script>", "b70-\"quoted'", "x\"><img src=x onerror=alert(2)>"]
+
+
+def test_hostile_host_names_are_text_everywhere(tmp_path):
+    collected = synthetic_fleet(20)
+    for index, name in zip((3, 5, 17), HOSTILE_NAMES, strict=True):
+        entry = collected.entries[index]
+        entry.host = name
+        if "/" not in name:  # a directory can hold the others: their link is percent-encoded
+            (tmp_path / "reports" / name).mkdir(parents=True)
+            (tmp_path / "reports" / name / "report.json").write_text("{}")
+            entry.report_path = str(tmp_path / "reports" / name / "report.json")
+    collected.entries[0].environment.kernel = "</td><script>alert(3)</script>"
+    paths = render.write_fleet_report(build_fleet_report(collected, "synthetic"), tmp_path / "out")
+    html = paths["fleet.html"].read_text()
+    parser = References()
+    parser.feed(html)
+    assert parser.scripts == [{}] and "img" not in parser.tags
+    assert html.count("<script") == 1 and "alert(3)</script>" not in html
+    table = host_table(html)
+    hosts = {row[0]["text"] for row in table.rows}
+    assert set(HOSTILE_NAMES) <= hosts  # the parser reads back the very names: escaped, not markup
+    for name in HOSTILE_NAMES[1:]:
+        assert unquote(table.links[name]) == f"../reports/{name}/report.json"
+        assert (paths["fleet.html"].parent / unquote(table.links[name])).is_file()
+    for document in re.findall(r"<svg\b.*?</svg>", html, re.DOTALL):
+        ElementTree.fromstring(document)
+    markdown = paths["fleet.md"].read_text()
+    # GitHub renders HTML in markdown, except inside code spans (where the kernel value is, shown as it is).
+    outside_code = re.sub(r"`[^`\n]*`", "", markdown)
+    assert "<script" not in outside_code and "<img" not in outside_code
+    assert "`</td><script>alert(3)</script>`" in markdown
+    assert "&lt;script>alert(1)&lt;/script>" in markdown
+
+
+def test_host_table_sorts_on_a_header_click(rendered):
+    """The page's own script, run by Node.js on a stand-in for the DOM it uses, sorts the real table."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed: the inline script cannot be run")
+    report, paths = rendered
+    html = paths["fleet.html"].read_text()
+    script = re.search(r"<script>(.*?)</script>", html, re.DOTALL).group(1)
+    table = host_table(html)
+    host_column, short_column = table.headers.index("host"), table.headers.index("short tok/s (peak) · acceptance")
+    completed = subprocess.run([node, "-e", SORT_HARNESS], input=json.dumps({
+        "script": script, "headers": table.headers, "rows": table.rows,
+        "clicks": [short_column, short_column, host_column]}), capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    ascending, descending, by_name = json.loads(completed.stdout)
+    short = {entry.host: figures.median_decode_tok_s for entry in report.hosts for figures in entry.workloads
+             if figures.name == "short" and figures.median_decode_tok_s is not None}
+    measured = sorted(short, key=short.get)
+    assert ascending[: len(measured)] == measured
+    assert descending[: len(measured)] == measured[::-1]
+    # Hosts without the figure stay last both ways.
+    assert set(ascending[len(measured):]) == set(descending[len(measured):]) == {e.host for e in report.hosts} - set(short)
+    assert by_name == sorted(entry.host for entry in report.hosts)
+
+
+SORT_HARNESS = """
+const input = JSON.parse(require("fs").readFileSync(0, "utf8"));
+function element(text, attributes) {
+  return {textContent: text, attributes: Object.assign({}, attributes), listeners: {},
+    hasAttribute(name) { return Object.prototype.hasOwnProperty.call(this.attributes, name); },
+    getAttribute(name) { return this.hasAttribute(name) ? this.attributes[name] : null; },
+    setAttribute(name, value) { this.attributes[name] = String(value); },
+    removeAttribute(name) { delete this.attributes[name]; },
+    addEventListener(type, listener) { this.listeners[type] = listener; }};
+}
+const headers = input.headers.map((text) => element(text, {}));
+const rows = input.rows.map((cells) => ({cells: cells.map((c) => element(c.text, c.sort === null ? {} : {"data-sort": c.sort}))}));
+const body = {rows: rows.slice(), appendChild(row) { this.rows.splice(this.rows.indexOf(row), 1); this.rows.push(row); }};
+const table = {tHead: {rows: [{cells: headers}]}, tBodies: [body]};
+globalThis.document = {querySelectorAll: (selector) => (selector === "table.sortable" ? [table] : [])};
+new Function(input.script)();
+const orders = input.clicks.map((column) => {
+  headers[column].listeners.click();
+  return body.rows.map((row) => row.cells[0].textContent);
+});
+process.stdout.write(JSON.stringify(orders));
+"""
 
 
 def test_markdown_summary_first_then_hosts_needing_attention(rendered):
@@ -213,7 +413,7 @@ def test_hosts_left_out_of_fleet_md_are_in_fleet_json_and_html(fleet_of_size):
     in_json = {host["host"] for host in fleet["hosts"]}
     assert needing <= in_json
     for host in sorted(needing)[:50] + sorted(left_out):
-        assert f">{host}</a>" in html or f"<td>{host}</td>" in html, host
+        assert f"<td>{host}</td>" in html or re.search(f">{host}</a></td>", html), host
 
 
 def test_an_outage_of_thousands_of_hosts_is_counted_not_listed(tmp_path):
@@ -248,7 +448,7 @@ def test_plots_are_well_formed_svg_with_ids_unique_in_the_page(rendered):
         root = ElementTree.fromstring(document)  # raises on anything a browser's XML parser would reject
         ids += [element.get("id") for element in root.iter() if element.get("id")]
     assert ids and len(ids) == len(set(ids))
-    assert render.render_html(report) == html  # the same report draws the same bytes
+    assert render.render_html(report, paths["fleet.html"].parent) == html  # the same report, the same bytes
 
 
 def test_ticks_are_round_numbers():

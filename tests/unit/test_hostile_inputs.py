@@ -892,6 +892,58 @@ def test_host_facts_files(case: Case, tmp_path: Path) -> None:
     run_case(case, tmp_path)
 
 
+# --- numbers in recipes and on serve render's command line -----------------------------------------------------
+
+
+def _recipe_with(path: tuple[str, ...], value_yaml: str, command: str) -> Callable[[Path], Invocation]:
+    """cpu-tiny with the YAML scalar `value_yaml` written at `path`, shown or rendered."""
+    def build(work: Path) -> Invocation:
+        import yaml
+
+        from b70ctl.recipes import recipe_path
+
+        data = yaml.safe_load(recipe_path("cpu-tiny").read_text())
+        node = data
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = "@VALUE@"
+        recipe = work / "recipe.yaml"
+        recipe.write_text(yaml.safe_dump(data, sort_keys=False).replace("'@VALUE@'", value_yaml))
+        args = (["recipes", "show", str(recipe)] if command == "show" else
+                ["serve", "render", "--recipe", str(recipe)])
+        return Invocation(args)
+    return build
+
+
+def _render_port(port: str) -> Callable[[Path], Invocation]:
+    return lambda work: Invocation(["serve", "render", "--recipe", "cpu-tiny", "--port", port])
+
+
+RECIPE_NUMBERS = {
+    "tp-true": (("serve", "tensor_parallel_size"), "true"),
+    "tp-string": (("serve", "tensor_parallel_size"), "'2'"),
+    "k-false": (("serve", "speculative", "num_speculative_tokens"), "false"),
+    "max-model-len-yes": (("serve", "max_model_len"), "yes"),
+    "gpu-memory-utilization-true": (("serve", "gpu_memory_utilization"), "true"),
+    "ram-gb-min-true": (("host", "ram_gb_min"), "true"),
+}
+NUMBER_CASES = [
+    *(Case(f"recipe-{name}-{command}", _recipe_with(path, value, command), 2,
+           rf"recipe file \S*recipe\.yaml: {re.escape('.'.join(path))}: .*valid (integer|number)")
+      for name, (path, value) in RECIPE_NUMBERS.items() for command in ("show", "render")),
+    Case("recipe-tp-two-render", _recipe_with(("serve", "tensor_parallel_size"), "2", "render"), 0, ""),
+    Case("render-port-0", _render_port("0"), 2, r"--port 0: .*1 to 65535"),
+    Case("render-port-70000", _render_port("70000"), 2, r"--port 70000: .*1 to 65535"),
+    Case("render-port-negative", _render_port("-1"), 2, r"--port -1: .*1 to 65535"),
+    Case("render-port-65535", _render_port("65535"), 0, ""),
+]
+
+
+@pytest.mark.parametrize("case", NUMBER_CASES, ids=lambda case: case.id)
+def test_numbers(case: Case, tmp_path: Path) -> None:
+    run_case(case, tmp_path)
+
+
 # --- the top-level guard ------------------------------------------------------------------------------------
 
 

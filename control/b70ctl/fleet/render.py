@@ -12,10 +12,12 @@ a report.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
@@ -105,8 +107,9 @@ def _percent(value: float | None) -> str:
 
 
 def _md_cell(value: object) -> str:
-    # A pipe or newline inside a value would break the markdown table.
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    # A pipe or newline inside a value would break the markdown table; GitHub renders HTML in markdown, so a
+    # host named "<img src=...>" is written as text: no "<" opens a tag.
+    return str(value).replace("<", "&lt;").replace("|", "\\|").replace("\n", " ")
 
 
 def _short(value: object, length: int = 19) -> str:
@@ -115,15 +118,17 @@ def _short(value: object, length: int = 19) -> str:
 
 
 def _cell(value: object, length: int = CELL_CHARACTERS) -> str:
-    """Free text from a report in a markdown table cell: one line, no cell-breaking pipe, bounded."""
+    """Free text from a report in a markdown table cell: one line, no cell-breaking pipe, no HTML, bounded."""
     return _md_cell(_short(value, length))
 
 
 def _code(value: object, length: int = 80) -> str:
-    """A value as inline code; a backtick inside would end the span early."""
+    """A value as inline code, where markdown shows every character as it is (no entities): one line, no pipe,
+    and no backtick, which would end the span early."""
     if value is None:
         return "–"
-    return "`" + _cell(value, length).replace("`", "'") + "`"
+    text = _short(value, length).replace("|", "\\|").replace("\n", " ").replace("`", "'")
+    return f"`{text}`"
 
 
 def _environment(report_kind: str) -> Environment:
@@ -150,37 +155,67 @@ def _sorted_hosts(report: FleetReport) -> list[HostEntry]:
     return sorted(report.hosts, key=attention)
 
 
+# A host's own report beside its report.json, the first that exists: fleet.html links each host to it.
+HOST_DOCUMENTS = ("report.html", "report.md", "report.json")
+
+
 @dataclass(frozen=True)
 class HostRow:
     """One host's table row, prepared here: thousands of rows through template attribute lookups cost more
     than the rest of the report."""
 
     entry: HostEntry
+    attention: Attention | None
+    attention_rank: int
+    link: str | None
     claims_met: str
+    claims_met_fraction: float | None
     claims_missed: str
     figures: list[WorkloadFigures | None]
     environment: list[str | None]
 
 
-def _host_row(entry: HostEntry, workloads: list[str]) -> HostRow:
+def host_link(entry: HostEntry, out_dir: Path | None) -> str | None:
+    """A relative URL from fleet.html to the host's own report (report.html, else report.md, else report.json):
+    `../<host>/report.html` in the collected layout. None when the host has no report on disk."""
+    if entry.report_path is None:
+        return None
+    directory = Path(entry.report_path).parent
+    target = next((directory / name for name in HOST_DOCUMENTS if (directory / name).is_file()), None)
+    if target is None:
+        return None
+    if out_dir is None:  # the collected layout: the fleet report in its own directory beside the hosts'
+        relative = f"../{directory.name}/{target.name}"
+    else:
+        relative = Path(os.path.relpath(os.path.abspath(target), os.path.abspath(out_dir))).as_posix()
+    # Percent-encoded: a host name is a directory name, and may hold '#', '?', quotes or '<'.
+    return quote(relative, safe="/")
+
+
+def _host_row(entry: HostEntry, workloads: list[str], out_dir: Path | None) -> HostRow:
     met = sum(1 for v in entry.verdicts if v.verdict == "met")
     figures_of = {f.name: f for f in entry.workloads}
     environment = [getattr(entry.environment, name) for name in DRIFT_FIELDS]
+    attention = attention_of(entry)
     return HostRow(
         entry=entry,
+        attention=attention,
+        attention_rank=ATTENTION_ORDER.index(attention) if attention is not None else len(ATTENTION_ORDER),
+        link=host_link(entry, out_dir),
         claims_met=f"{met}/{len(entry.verdicts)}" if entry.verdicts else "–",
+        claims_met_fraction=met / len(entry.verdicts) if entry.verdicts else None,
         claims_missed=", ".join(f"{v.claim_id} {v.verdict}" for v in entry.verdicts if v.verdict != "met"),
         figures=[figures_of.get(name) for name in workloads],
         environment=[None if value is None else str(value) for value in environment],
     )
 
 
-def _context(report: FleetReport) -> dict[str, object]:
+def _context(report: FleetReport, out_dir: Path | None) -> dict[str, object]:
     workloads_of = {fleet.recipe: [w.workload for w in fleet.workloads] for fleet in report.recipes}
     all_workloads = list(dict.fromkeys(name for names in workloads_of.values() for name in names))
     return {
         "report": report,
-        "rows": [_host_row(entry, all_workloads) for entry in _sorted_hosts(report)],
+        "rows": [_host_row(entry, all_workloads, out_dir) for entry in _sorted_hosts(report)],
         "drift_fields": DRIFT_FIELDS,
         "field_labels": FIELD_LABELS,
         "workloads_of": workloads_of,
@@ -402,8 +437,9 @@ def _plots_of(fleet: RecipeFleet, hosts: list[HostEntry]) -> dict[str, str | Non
     }
 
 
-def render_html(report: FleetReport) -> str:
-    context = _context(report)
+def render_html(report: FleetReport, out_dir: Path | None = None) -> str:
+    """fleet.html; host links are relative to out_dir (where fleet.html goes), or the collected layout's."""
+    context = _context(report, out_dir)
     context["plots"] = {fleet.recipe: _plots_of(fleet, report.hosts) for fleet in report.recipes}
     return _environment("html").get_template("fleet.html.j2").render(**context)
 
@@ -414,5 +450,5 @@ def write_fleet_report(report: FleetReport, out_dir: Path) -> dict[str, Path]:
     with cyclic_gc_paused():
         write_text_atomically(paths[FLEET_JSON], report.model_dump_json(indent=2) + "\n")
         write_text_atomically(paths[FLEET_MD], render_markdown(report))
-        write_text_atomically(paths[FLEET_HTML], render_html(report))
+        write_text_atomically(paths[FLEET_HTML], render_html(report, out_dir))
     return paths

@@ -19,7 +19,11 @@ from b70ctl.versions import version_at_least
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys are refused, and so are values of the wrong type: YAML reads `true`, `yes` and `off` as booleans,
+    so `tensor_parallel_size: true` would otherwise become 1 and `max_model_len: yes` fail as "below 16"; a
+    quoted '2' is a string. Numbers must be written as numbers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelSpec(Strict):

@@ -12,7 +12,7 @@ import typer
 
 from pydantic import ValidationError
 
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe
@@ -77,8 +77,11 @@ def render(
     """Print {"argv", "env", "docker_args"} as JSON: the one rendering every consumer uses."""
     site_env = _env_pairs(env or [])
     loaded = _with_site_env(load_recipe(recipe), site_env)
-    context = ServeContext(model_dir=model_dir, drafter_dir=drafter_dir, host="0.0.0.0", port=port,
-                           speculative=not baseline, extra_env=site_env)
+    try:
+        context = ServeContext(model_dir=model_dir, drafter_dir=drafter_dir, host="0.0.0.0", port=port,
+                               speculative=not baseline, extra_env=site_env)
+    except ValidationError as error:
+        raise BadInput(f"--port {port}: {first_problem(error)}: give a TCP port from 1 to 65535") from error
     document = _topology(topology) if topology is not None else None
     try:
         command = render_container(loaded, context, document)

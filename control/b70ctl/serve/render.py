@@ -29,7 +29,7 @@ class ServeContext(BaseModel):
     model_dir: str = Field(description="Target model directory")
     drafter_dir: str | None = Field(None, description="Drafter directory (converted if the recipe needs it)")
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(8000, ge=1, le=65535, description="TCP port the server listens on")
     speculative: bool = Field(True, description="False renders the target-only baseline of the same recipe")
     python: str = Field(default_factory=lambda: sys.executable,
                         description="Interpreter for a local (non-container) server")
