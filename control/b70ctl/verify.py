@@ -1,7 +1,7 @@
 """`b70ctl verify`: smoke, greedy correctness and throughput against one endpoint, judged against the recipe.
 
 The report is rewritten after every check, marked partial until the last one finished, so an interrupted or
-failing run still leaves what it measured (report.json, report.md, raw/) and says where it stopped.
+failing run still leaves what it measured (report.json, report.md, report.html, raw/) and says where it stopped.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from b70ctl.checks.throughput import run_throughput, throughput_measurements
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import write_text_atomically
 from b70ctl.recipes.model import Recipe
+from b70ctl.report.html import render_html
 from b70ctl.report.markdown import render_markdown
 from b70ctl.report.model import DiagnosedFailure, Environment, Report
 from b70ctl.report.verdict import judge_all
@@ -168,6 +169,7 @@ class ReportWriter:
     def save(self) -> None:
         write_text_atomically(self.out_dir / "report.json", self.report.model_dump_json(indent=2) + "\n")
         write_text_atomically(self.out_dir / "report.md", render_markdown(self.report, self.recipe))
+        write_text_atomically(self.out_dir / "report.html", render_html(self.report, self.recipe))
 
     def save_partial(self, reason: str) -> None:
         """The last consistent report, marked partial with why it stopped. When even that cannot be written (a
@@ -177,7 +179,7 @@ class ReportWriter:
         try:
             self.save()
         except OSError as error:
-            for name in ("report.json", "report.md"):
+            for name in ("report.json", "report.md", "report.html"):
                 (self.out_dir / name).unlink(missing_ok=True)
             raise BadInput(f"--out {self.out_dir}: {reason}, and the partial report could not be written "
                            f"({error.strerror}): no report was left; free space and run again") from error

@@ -140,12 +140,17 @@ def _workload(result: WorkloadResult) -> list[str]:
     return lines
 
 
+def status_line(report: Report) -> str:
+    """The run in a few words: partial and why, passed, or what failed."""
+    if report.partial:
+        return "PARTIAL — " + (report.partial_reason or "stopped early")
+    return "all checks passed" if report.passed else "failed: " + "; ".join(failed_items(report) or ["see below"])
+
+
 def render_markdown(report: Report, recipe: Recipe) -> str:
     env = report.environment
     spec = recipe.serve.speculative
-    failed = failed_items(report)
-    status = "PARTIAL — " + (report.partial_reason or "stopped early") if report.partial else (
-        "all checks passed" if report.passed else "failed: " + "; ".join(failed or ["see below"]))
+    status = status_line(report)
     met = sum(v.verdict == "met" for v in report.verdicts)
     lines = [
         f"# Replication report: {recipe.name}", "",
