@@ -1,11 +1,13 @@
 """Fleet report at scale: aggregate 100 / 1,000 / 5,000 generated host reports into fleet.json, fleet.md and
-fleet.html; print wall time, CPU time and peak memory per size.
+fleet.html; print a markdown table of fleet.md's size in characters (GitHub takes 65,536 in an issue), wall time,
+CPU time and peak memory per size.
 
     .venv/bin/python benchmarks/fleet_aggregate.py [--sizes 100,1000,5000] [--keep DIR]
 
 The reports are generated first (not timed): pr620-fp8-tp2 hosts with 8 requests per workload and 5 greedy
-comparisons of 128 token ids each (the size of a real verify report), 10% no-P2P hosts 12% slower, 3% on another
-kernel, 1% slow outliers, 0.5% unreachable and 0.2% truncated reports. Each size is then measured in a fresh
+comparisons of 128 token ids each (the size of a real verify report), planted as the tests' synthetic fleets are
+(fleet_factory.fleet_host_kind): 10% no-P2P hosts 12% slower, 3% on another kernel, 1% slow outliers, 0.5%
+unreachable and 0.2% truncated reports. Each size is then measured in a fresh
 process, twice: once for time and resident memory (ru_maxrss, and its growth over the process after imports),
 once under tracemalloc for the peak Python heap (tracemalloc slows allocation, so that run is not timed). Both
 leave the imports out; a third run times the whole command, `b70ctl fleet report REPORTS_DIR --out DIR`, from
@@ -30,26 +32,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 def generate(reports_dir: Path, hosts: int) -> None:
     sys.path.insert(0, str(REPO / "tests" / "unit"))
-    from fleet_factory import environment_for, make_report, write_host
+    from fleet_factory import environment_for, fleet_host_kind, fleet_host_name, make_report, write_host
 
     for index in range(hosts):
-        host = f"b70-{index:05d}"
-        if index % 200 == 17:
+        host = fleet_host_name(index)
+        kind, speed, overrides = fleet_host_kind(index)
+        if kind == "unreachable":
             write_host(reports_dir, host, unreachable={"kind": "unreachable", "stage": "verify",
                                                        "reason": "ssh: connect timed out", "recipe": "pr620-fp8-tp2"})
             continue
-        overrides: dict[str, object] = {}
-        speed = 1.0
-        if index % 10 == 3:
-            overrides["p2p_profile"] = "no-p2p"
-            speed = 0.88
-        if index % 33 == 5:
-            overrides["kernel"] = "6.14.0-1011-intel"
-        if index % 100 == 51:
-            speed = 0.6
         report = make_report("pr620-fp8-tp2", host, speed=speed, environment=environment_for(host, **overrides),
                              requests_per_workload=8, tokens_per_comparison=128)
-        if index % 500 == 99:
+        if kind == "truncated":
             text = report.model_dump_json()
             write_host(reports_dir, host).joinpath("report.json").write_text(text[: len(text) // 2])
         else:
@@ -81,6 +75,7 @@ def measure(reports_dir: Path, out_dir: Path, trace: bool) -> dict[str, float]:
         "rss_growth_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_after_imports_kib) / 1024,
         "json_kib": paths["fleet.json"].stat().st_size / 1024,
         "md_kib": paths["fleet.md"].stat().st_size / 1024,
+        "md_characters": len(paths["fleet.md"].read_text(encoding="utf-8")),
         "html_kib": paths["fleet.html"].stat().st_size / 1024,
     }
     if trace:
@@ -139,9 +134,7 @@ def main() -> None:
     environment = _child_environment(root)
     subprocess.run([sys.executable, "-c", "import b70ctl.cli, b70ctl.fleet.aggregate, b70ctl.fleet.render"],
                    check=True, env=environment)  # compiles the bytecode the timed commands import
-    print(f"{'hosts':>6} {'wall s':>7} {'cpu s':>6} {'aggregate wall/cpu s':>20} {'command wall/cpu s':>18} "
-          f"{'max RSS MiB':>11} {'RSS growth MiB':>14} {'heap peak MiB':>13} {'json KiB':>8} {'md KiB':>7} "
-          f"{'html KiB':>8}")
+    rows = []
     for size in sizes:
         reports_dir = largest
         if size != max(sizes):
@@ -154,11 +147,16 @@ def main() -> None:
         timed = _child(reports_dir, root / f"out-{size}", trace=False, environment=environment)
         traced = _child(reports_dir, root / f"out-{size}-traced", trace=True, environment=environment)
         command_wall_s, command_cpu_s = _command(reports_dir, root / f"out-{size}-command", environment)
-        aggregate_s = f"{timed['aggregate_wall_s']:.2f} / {timed['aggregate_cpu_s']:.2f}"
-        command_s = f"{command_wall_s:.2f} / {command_cpu_s:.2f}"
-        print(f"{timed['hosts']:>6} {timed['wall_s']:>7.2f} {timed['cpu_s']:>6.2f} {aggregate_s:>20} {command_s:>18} "
-              f"{timed['max_rss_mib']:>11.0f} {timed['rss_growth_mib']:>14.0f} {traced['traced_peak_mib']:>13.1f} "
-              f"{timed['json_kib']:>8.0f} {timed['md_kib']:>7.0f} {timed['html_kib']:>8.0f}", flush=True)
+        rows.append(f"| {timed['hosts']:,} | {timed['md_characters']:,} | {command_wall_s:.2f} / {command_cpu_s:.2f} | "
+                    f"{timed['wall_s']:.2f} / {timed['cpu_s']:.2f} | {timed['aggregate_wall_s']:.2f} / "
+                    f"{timed['aggregate_cpu_s']:.2f} | {traced['traced_peak_mib']:.0f} MiB | "
+                    f"{timed['max_rss_mib']:.0f} MiB | {timed['json_kib']:,.0f} | {timed['html_kib']:,.0f} |")
+        print(f"measured {size} hosts", file=sys.stderr, flush=True)
+    print()
+    print("| hosts | fleet.md characters | `b70ctl fleet report` wall / CPU s | in process wall / CPU s | "
+          "aggregation wall / CPU s | peak heap (tracemalloc) | max RSS | fleet.json KiB | fleet.html KiB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(rows))
     if args.keep is None:
         print(f"(generated reports left in {root}; remove it when done)")
 
