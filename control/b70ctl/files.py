@@ -6,6 +6,7 @@ a reader (or a run killed mid-write) sees the old file or the new one, never hal
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -28,6 +29,28 @@ def write_text_atomically(path: Path, text: str, mode: int = 0o644) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_failure(error: OSError, path: Path) -> str:
+    """Why writing at `path` failed, in words that lead to the fix: a file standing where a directory must be, a
+    full disk, a place this user may not write to, else the system's words. The writer above has already removed
+    its temporary file, so the message can say nothing was left half-written."""
+    where = Path(error.filename) if error.filename else Path(path)
+    if error.errno in (errno.ENOTDIR, errno.EEXIST):
+        in_the_way = next((part for part in [*reversed(where.parents), where]
+                           if os.path.lexists(part) and not part.is_dir()), None)
+        if in_the_way is not None:
+            return f"{in_the_way} is a file, not a directory: move it away or choose another path"
+    if error.errno == errno.EISDIR:
+        return f"{path} is a directory: give the path of a file"
+    # A temporary file or a directory that failed to appear is not worth naming: the directory it was to be in is.
+    place = where if os.path.lexists(where) else where.parent
+    shown = f" ({place})" if place != Path(path) else ""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"{error.strerror}{shown}: free space there and run again; nothing was left half-written"
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{error.strerror}{shown}: choose a directory you may write to"
+    return f"{error.strerror or error}{shown}: choose another path"
 
 
 def write_json_atomically(path: Path, data: Any, mode: int = 0o644, compact: bool = False,

@@ -18,6 +18,9 @@ from hostile import (
     Invocation,
     assert_left_clean,
     assert_one_line_error,
+    copy_fills_disk,
+    disk_full,
+    read_only,
     run_b70ctl,
     snapshot,
 )
@@ -889,6 +892,186 @@ HOST_FACTS_CASES = [
 
 @pytest.mark.parametrize("case", HOST_FACTS_CASES, ids=lambda case: case.id)
 def test_host_facts_files(case: Case, tmp_path: Path) -> None:
+    run_case(case, tmp_path)
+
+
+# --- writes that fail: the destination cannot hold the document ---------------------------------------------
+# A file where a directory must be, a read-only directory, a full disk: one line naming the path and why, exit 2,
+# no temporary file left and the previous document (if any) untouched. A missing parent is made.
+
+
+def _new_part(path: Path) -> Path:
+    """The topmost directory on the way to `path` that does not exist yet: what a command making `path` makes."""
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
+def _under_a_file(work: Path, *rest: str) -> Path:
+    (work / "afile").write_text("a file, not a directory\n")
+    return work.joinpath("afile", *rest)
+
+
+def _topology_write(setup: Callable[[Path], None] | None = None, tensor_parallel_size: int | None = None,
+                    fault: Callable[[Path], Callable] | None = None, scenario: str = "b70x2-switch",
+                    writes: bool = False) -> Callable[[Path], Invocation]:
+    """host topology --write on a two-B70 tree; `setup` prepares ROOT, `fault(ROOT)` is in force while it runs."""
+    def build(work: Path) -> Invocation:
+        from sysfs_trees import build_tree
+
+        root = Path(build_tree(work, scenario))
+        if setup is not None:
+            setup(root)
+        size = ["--tensor-parallel-size", str(tensor_parallel_size)] if tensor_parallel_size else []
+        return Invocation(["host", "topology", "--root", str(root), "--write", "--probe", "never", *size],
+                          may_write=[root / "etc"] if writes else [], fault=fault(root) if fault else None)
+    return build
+
+
+def _etc_is_a_file(root: Path) -> None:
+    (root / "etc").write_text("a file\n")
+
+
+def _b70_dir_is_a_file(root: Path) -> None:
+    (root / "etc").mkdir()
+    (root / "etc" / "b70").write_text("a file\n")
+
+
+def _previous_topology(root: Path) -> None:
+    (root / "etc" / "b70").mkdir(parents=True)
+    (root / "etc" / "b70" / "topology.json").write_text('{"previous": true}\n')
+
+
+def _lock_write(lock: Callable[[Path], Path], fault: Callable[[Path], Callable] | None = None,
+                writes: bool = False) -> Callable[[Path], Invocation]:
+    """lock resolve --offline (no hub, no registry: it pins what it can and writes the lock) to `lock(work)`."""
+    def build(work: Path) -> Invocation:
+        recipe = write_recipe(work)
+        path = lock(work)
+        return Invocation(["lock", "resolve", "--recipe", str(recipe), "--lock", str(path), "--offline"],
+                          may_write=[_new_part(path)] if writes else [], fault=fault(work) if fault else None)
+    return build
+
+
+def _lock_directory(work: Path) -> Path:
+    (work / "locks").mkdir()
+    return work / "locks"
+
+
+def _existing_lock(work: Path) -> Path:
+    """A lock already there (of another recipe, so resolve replaces it rather than keeping its pins)."""
+    path = work / "locks" / "store-test.lock.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**_lock_data(), "recipe": "another-recipe"}))
+    return path
+
+
+def _fetch_write(dest: Callable[[Path], Path], fault: Callable[[Path], Callable] | None = None,
+                 writes: bool = False) -> Callable[[Path], Invocation]:
+    """model fetch of the store recipe from a local source into `dest(work)`."""
+    def build(work: Path) -> Invocation:
+        recipe, source = _store(work)
+        lock = work / "store-test.lock.json"
+        lock.write_text(json.dumps(_lock_data()))
+        target = dest(work)
+        return Invocation(["model", "fetch", "--recipe", str(recipe), "--dest", str(target), "--source", "local",
+                           "--source-dir", str(source), "--lock", str(lock)],
+                          may_write=[_new_part(target)] if writes else [], fault=fault(work) if fault else None)
+    return build
+
+
+def _model_dir_is_a_file(work: Path) -> Path:
+    (work / "dest").mkdir()
+    (work / "dest" / "target").write_text("a file\n")
+    return work / "dest"
+
+
+def _fleet_write(out: Callable[[Path], Path], fault: Callable[[Path], Callable] | None = None,
+                 writes: bool = False) -> Callable[[Path], Invocation]:
+    """fleet report of one host that met every claim, into `out(work)`."""
+    def build(work: Path) -> Invocation:
+        from fleet_factory import make_report, write_host
+
+        write_host(work / "reports", "host-a", make_report("cpu-tiny", "host-a"))
+        target = out(work)
+        return Invocation(["fleet", "report", str(work / "reports"), "--out", str(target)],
+                          may_write=[_new_part(target)] if writes else [], fault=fault(work) if fault else None)
+    return build
+
+
+def _fault(fault: Callable) -> Callable[[Path], Callable]:
+    return lambda where: fault
+
+
+def _read_only_at(*parts: str) -> Callable[[Path], Callable]:
+    return lambda where: read_only(where.joinpath(*parts))
+
+
+def _file_at_path(*parts: str) -> Callable[[Path], Path]:
+    def make(work: Path) -> Path:
+        path = work.joinpath(*parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("a file\n")
+        return path
+    return make
+
+
+def _directory_at(*parts: str) -> Callable[[Path], Path]:
+    def make(work: Path) -> Path:
+        work.joinpath(*parts).mkdir(parents=True)
+        return work.joinpath(*parts)
+    return make
+
+
+NOT_A_DIRECTORY = r"(is a file, not a directory|[Nn]ot a directory)"
+WRITE_CASES = [
+    Case("topology-parent-missing", _topology_write(writes=True), 0, ""),
+    Case("topology-etc-is-a-file", _topology_write(_etc_is_a_file), 2, r"etc/b70/topology\.json.*" + NOT_A_DIRECTORY),
+    Case("topology-b70-is-a-file", _topology_write(_b70_dir_is_a_file), 2,
+         r"etc/b70/topology\.json.*" + NOT_A_DIRECTORY),
+    Case("topology-disk-full", _topology_write(_previous_topology, fault=_fault(disk_full)), 2,
+         r"etc/b70/topology\.json.*No space left"),
+    Case("topology-read-only", _topology_write(_previous_topology, fault=lambda root: read_only(root / "etc" / "b70")),
+         2, r"etc/b70/topology\.json.*Permission denied"),
+    Case("topology-tp-above-gpu-count", _topology_write(tensor_parallel_size=4), 2,
+         r"tensor-parallel size 4.* 2 usable GPU"),
+    Case("topology-tp-above-bound-gpus", _topology_write(tensor_parallel_size=2, scenario="xe-unbound"), 2,
+         r"tensor-parallel size 2.* 0 usable GPU"),
+    Case("topology-tp-above-gpus-keeps-previous", _topology_write(_previous_topology, tensor_parallel_size=3), 2,
+         r"tensor-parallel size 3.* 2 usable GPU"),
+    Case("lock-parent-missing", _lock_write(lambda w: w / "new" / "dir" / "store-test.lock.json", writes=True), 0, ""),
+    Case("lock-under-a-file", _lock_write(lambda w: _under_a_file(w, "store-test.lock.json")), 2,
+         r"lock file \S*afile/store-test\.lock\.json: .*" + NOT_A_DIRECTORY),
+    Case("lock-is-a-directory", _lock_write(_lock_directory), 2, r"lock file \S*locks: .*is a directory"),
+    Case("lock-disk-full", _lock_write(_existing_lock, fault=_fault(disk_full)), 2,
+         r"lock file \S*store-test\.lock\.json: .*No space left"),
+    Case("lock-read-only", _lock_write(_existing_lock, fault=_read_only_at("locks")), 2,
+         r"lock file \S*store-test\.lock\.json: .*Permission denied"),
+    Case("fetch-parent-missing", _fetch_write(lambda w: w / "new" / "models", writes=True), 0, ""),
+    Case("fetch-dest-is-a-file", _fetch_write(_file_at_path("dest")), 2, r"--dest \S*dest: .*" + NOT_A_DIRECTORY),
+    Case("fetch-dest-under-a-file", _fetch_write(lambda w: _under_a_file(w, "models")), 2,
+         r"--dest \S*afile/models: .*" + NOT_A_DIRECTORY),
+    Case("fetch-model-dir-is-a-file", _fetch_write(_model_dir_is_a_file), 2,
+         r"--dest \S*dest: .*target.*" + NOT_A_DIRECTORY),
+    Case("fetch-disk-full", _fetch_write(lambda w: w / "dest", fault=_fault(disk_full), writes=True), 2,
+         r"--dest \S*dest: .*No space left"),
+    Case("fetch-copy-fills-disk", _fetch_write(lambda w: w / "dest", fault=_fault(copy_fills_disk), writes=True), 2,
+         r"--dest \S*dest: .*No space left"),
+    Case("fetch-read-only", _fetch_write(_directory_at("dest"), fault=_read_only_at("dest")), 2,
+         r"--dest \S*dest: .*Permission denied"),
+    Case("fleet-parent-missing", _fleet_write(lambda w: w / "new" / "fleet", writes=True), 0, ""),
+    Case("fleet-out-is-a-file", _fleet_write(_file_at_path("fleet")), 2, r"--out \S*fleet: .*" + NOT_A_DIRECTORY),
+    Case("fleet-out-under-a-file", _fleet_write(lambda w: _under_a_file(w, "fleet")), 2,
+         r"--out \S*afile/fleet: .*" + NOT_A_DIRECTORY),
+    Case("fleet-disk-full", _fleet_write(_directory_at("fleet"), fault=_fault(disk_full)), 2,
+         r"--out \S*fleet: .*No space left"),
+    Case("fleet-read-only", _fleet_write(_directory_at("fleet"), fault=_read_only_at("fleet")), 2,
+         r"--out \S*fleet: .*Permission denied"),
+]
+
+
+@pytest.mark.parametrize("case", WRITE_CASES, ids=lambda case: case.id)
+def test_writes(case: Case, tmp_path: Path) -> None:
     run_case(case, tmp_path)
 
 

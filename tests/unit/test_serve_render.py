@@ -351,7 +351,14 @@ def test_serve_render_cli_needs_the_topology_for_xpu() -> None:
 
 
 def test_tp2_on_a_one_card_host_is_refused(tmp_path: Path) -> None:
-    _, host = written_topology(tmp_path, "b70-igpu", 2)
+    """`host topology --write` refuses to write such a group; the document topology.py prints (the gpu_topology
+    role writes that itself) still holds it, and the renderer refuses it too."""
+    root = build_tree(tmp_path, "b70-igpu")
+    with pytest.raises(BadInput, match="tensor-parallel size 2 but 1 usable GPU"):
+        topology(root, 2, probe="never", write=True)
+    printed = topology(root, 2, probe="never")
+    host = TopologyDocument.model_validate({key: value for key, value in printed.items()
+                                            if key not in ("changed", "path")})
     with pytest.raises(ValueError, match="needs 2 GPUs"):
         render_xpu_container(load_recipe("pr620-fp8-tp2"), CONTEXT, host)
 

@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from b70ctl.errors import BadInput
+from b70ctl.files import write_failure
+
 if TYPE_CHECKING:  # the models are built when a report is made, not at every b70ctl command's start-up
     from b70ctl.fleet.model import FleetReport
 
@@ -60,7 +63,10 @@ def report_command(
     from b70ctl.fleet.render import write_fleet_report
 
     report = aggregate(reports_dir)
-    paths = write_fleet_report(report, out)
+    try:
+        paths = write_fleet_report(report, out)
+    except OSError as error:
+        raise BadInput(f"--out {out}: {write_failure(error, out)}") from error
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:

@@ -24,6 +24,7 @@ Standard library only, like facts.py, so both files can run on a host with just 
 from __future__ import annotations
 
 import argparse
+import errno
 import itertools
 import json
 import os
@@ -33,11 +34,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 if __package__:
+    from b70ctl.errors import BadInput as _Refusal
     from b70ctl.host import level_zero
     from b70ctl.host.facts import collect_facts
 else:  # run as a script next to facts.py and level_zero.py on a host
     import level_zero  # type: ignore[no-redef]
     from facts import collect_facts  # type: ignore[no-redef]
+
+    _Refusal = Exception  # type: ignore[misc,assignment]
+
+
+class TopologyRefused(_Refusal):  # type: ignore[valid-type,misc]
+    """Nothing was written: one line and exit 2 (b70ctl's BadInput; main() below when run as a script)."""
 
 # 2: each pair names the P2PDMA rule that decided it; the document records the CPU and host bridges it used.
 TOPOLOGY_SCHEMA_VERSION = 2
@@ -409,33 +417,62 @@ def render_document(document: Dict[str, Any]) -> str:
 
 def write_topology(root: str, document: Dict[str, Any]) -> bool:
     """Write <root>/etc/b70/topology.json atomically; False (nothing written) when the content is unchanged, so a
-    second run reports changed=false."""
+    second run reports changed=false. b70ctl's own writer is files.py; this file runs on hosts without b70ctl."""
     target = os.path.join(root, TOPOLOGY_PATH.lstrip("/"))
     content = render_document(document)
     try:
         with open(target, encoding="utf-8") as handle:
             if handle.read() == content:
                 return False
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         pass
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    handle_fd, temporary = tempfile.mkstemp(prefix=".topology.", dir=os.path.dirname(target))
+    temporary = None
     try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        handle_fd, temporary = tempfile.mkstemp(prefix=".topology.", suffix=".tmp", dir=os.path.dirname(target))
         with os.fdopen(handle_fd, "w", encoding="utf-8") as handle:
             handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.chmod(temporary, 0o644)
         os.replace(temporary, target)
-    except BaseException:
-        if os.path.exists(temporary):
+    except OSError as error:
+        raise TopologyRefused("cannot write %s: %s; nothing was written" % (target, _write_failure(error))) from error
+    finally:
+        if temporary is not None and os.path.exists(temporary):
             os.unlink(temporary)
-        raise
     return True
+
+
+def _write_failure(error: OSError) -> str:
+    """The reason in words that lead to the fix (files.write_failure's rule, for a host without b70ctl)."""
+    where = error.filename or ""
+    if error.errno in (errno.ENOTDIR, errno.EEXIST) and where:
+        parts = [where]
+        while os.path.dirname(parts[-1]) != parts[-1]:
+            parts.append(os.path.dirname(parts[-1]))
+        for part in reversed(parts):
+            if os.path.lexists(part) and not os.path.isdir(part):
+                return "%s is a file, not a directory: move it away" % part
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return "%s: free space there and run again" % error.strerror
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "%s: run it as a user who may write there" % error.strerror
+    return "%s (%s)" % (error.strerror, where) if where else str(error.strerror or error)
 
 
 def topology(root: str = "/", tensor_parallel_size: Optional[int] = None, profile: str = "auto",
              probe: str = "auto", write: bool = False, ze_loader: Optional[str] = None) -> Dict[str, Any]:
-    """Read facts under root, decide, optionally write; the result carries `changed` (Ansible convention)."""
+    """Read facts under root, decide, optionally write; the result carries `changed` (Ansible convention). A
+    tensor-parallel group larger than the host's usable GPUs is never written: the server could not start on it."""
     document = analyse(collect_facts(root), tensor_parallel_size, profile, probe, ze_loader)
+    if write and tensor_parallel_size is not None and len(document["group"]) < tensor_parallel_size:
+        usable = len(document["group"])
+        raise TopologyRefused(
+            "tensor-parallel size %d but %d usable GPU(s) under %s (Intel discrete, bound to xe): nothing written: "
+            "%s" % (tensor_parallel_size, usable, root,
+                    "serve with at most %d GPU(s), or bind the others to xe" % usable if usable else
+                    "bind the GPUs to xe (b70ctl host facts lists them and their driver)"))
     changed = write_topology(root, document) if write else False
     result = dict(document)
     result["changed"] = changed
@@ -457,7 +494,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.tensor_parallel_size is not None and args.tensor_parallel_size < 1:
         sys.stderr.write("error: --tensor-parallel-size must be >= 1\n")
         return 2
-    result = topology(args.root, args.tensor_parallel_size, args.profile, args.probe, args.write)
+    try:
+        result = topology(args.root, args.tensor_parallel_size, args.profile, args.probe, args.write)
+    except TopologyRefused as refused:
+        sys.stderr.write("error: %s\n" % refused)
+        return 2
     sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
     return 0
 

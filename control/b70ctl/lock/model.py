@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from b70ctl.errors import BadInput
+from b70ctl.files import write_failure, write_text_atomically
 from b70ctl.recipes import Recipe, load_recipe, recipe_path
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -292,22 +291,15 @@ def lock_document(lock: Lock) -> str:
 
 
 def write_lock(lock: Lock, path: Path) -> bool:
-    """Write atomically (temp file + os.replace). Returns False, touching nothing, when the content is the same."""
+    """Write atomically (files.py). Returns False, touching nothing, when the content is the same; a lock that
+    cannot be written leaves the previous one as it was and says why."""
     text = lock_document(lock)
     if path.is_file() and path.read_text() == text:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(handle, "w") as tmp:
-            tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+        write_text_atomically(path, text)
+    except OSError as error:
+        raise BadInput(f"lock file {path}: not written: {write_failure(error, path)}") from error
     return True
 
 

@@ -25,13 +25,13 @@ import errno
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from b70ctl.errors import BadInput
+from b70ctl.files import write_failure, write_text_atomically
 from b70ctl.lock.model import FilePin, Lock, ModelPin, canonical_json, require_resolved
 from b70ctl.lock.resolve import hub_endpoint, hub_errors, sha256_file
 from b70ctl.recipes import Recipe
@@ -125,12 +125,7 @@ def _load_state(dest: Path, role: str) -> dict[str, Any]:
 
 
 def _save_state(dest: Path, role: str, state: dict[str, Any]) -> None:
-    path = _state_path(dest, role)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(handle, "w") as out:
-        json.dump(state, out, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_text_atomically(_state_path(dest, role), json.dumps(state, indent=1, sort_keys=True))
 
 
 def _stamp(path: Path, pin: FilePin) -> dict[str, Any]:
@@ -227,7 +222,11 @@ def _link_or_copy(source_file: Path, partial: Path) -> Literal["linked", "copied
     except OSError as error:
         if error.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise
-    shutil.copyfile(source_file, partial)
+    try:
+        shutil.copyfile(source_file, partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a local copy restarts from the source: half of one is no use
+        raise
     return "copied"
 
 
@@ -317,13 +316,17 @@ def fetch(recipe: Recipe, lock: Lock, dest: Path, source: Source = "hub", source
         raise BadInput(f"--source {source} needs --source-dir DIR")
     if source_dir is not None and not source_dir.is_dir():
         raise BadInput(f"source directory {source_dir} does not exist")
-    dest.mkdir(parents=True, exist_ok=True)
     failures: list[Failure] = []
-    if any(pin.generated for pin in lock.models()):
-        models = _generate(recipe, lock, dest)
-    else:
-        base = hub_endpoint(endpoint)
-        models = [fetch_model(pin, dest, source, source_dir, base, failures) for pin in lock.models()]
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        if any(pin.generated for pin in lock.models()):
+            models = _generate(recipe, lock, dest)
+        else:
+            base = hub_endpoint(endpoint)
+            models = [fetch_model(pin, dest, source, source_dir, base, failures) for pin in lock.models()]
+    except OSError as error:
+        # Every file is placed whole (verified, then renamed) or not at all: what is in DEST stays good.
+        raise BadInput(f"--dest {dest}: {write_failure(error, dest)}") from error
     result = FetchResult(recipe=recipe.name, dest=str(dest), source=source,
                          changed=any(m.changed for m in models) or bool(failures), models=models,
                          quarantined=failures)
