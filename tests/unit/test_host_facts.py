@@ -4,6 +4,8 @@ DRM nodes, links, BAR and firmware; the fact script run by the system python3 pr
 from __future__ import annotations
 
 import json
+import random
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from b70ctl.host import facts as facts_module
 from b70ctl.host.facts import (
     classify_integrated,
     collect_facts,
+    parse_cpd_release_version,
     parse_css_release_version,
     parse_link_speed_gts,
     parse_meminfo_total_bytes,
@@ -91,6 +94,8 @@ def test_b70_behind_a_switch_in_detail(tmp_path: Path) -> None:
     assert first["firmware"]["huc"]["found_release"] == "8.2.10"
     assert facts["firmware_files"]["xe/bmg_guc_70.bin"]["release_version"] == "70.54.0"
     assert facts["firmware_files"]["xe/bmg_huc.bin"]["present"] is True
+    # The HuC file is GSC/CPD-packaged: its version comes from its HUCP.man manifest, not a CSS header.
+    assert facts["firmware_files"]["xe/bmg_huc.bin"]["release_version"] == "8.2.10"
     assert facts["warnings"] == []
 
 
@@ -222,6 +227,53 @@ def test_kernel_formats_are_parsed() -> None:
                     "wanted_release": "70.44.1", "found_release": "70.36.0"}
     assert parse_css_release_version(sysfs.guc_css_blob(70, 49, 4)) == "70.49.4"
     assert parse_css_release_version(b"$CPD" + bytes(200)) is None
+
+
+# Offsets of the packed structs in Linux's drivers/gpu/drm/xe/xe_uc_fw_abi.h, counted here by hand from the field
+# types: gsc_cpd_header_v2 is 4+4+1+1+1+1+4+4 = 20 bytes with header_length at byte 10; gsc_cpd_entry is 12+4+4+4
+# = 24 bytes with its offset at byte 12; gsc_manifest_header has nine u32 (36 bytes) before fw_version (four u16)
+# and is 128 bytes long.
+CPD_HEADER_BYTES, CPD_ENTRY_BYTES, MANIFEST_BYTES, MANIFEST_VERSION_AT = 20, 24, 128, 36
+
+
+def test_the_huc_fixture_is_laid_out_as_the_kernel_structs_say() -> None:
+    blob = sysfs.huc_gsc_blob(8, 5, 4, 1)
+    assert blob[:4] == b"$CPD" and int.from_bytes(blob[:4], "little") == 0x44504324  # GSC_CPD_HEADER_MARKER
+    entries, header_length = int.from_bytes(blob[4:8], "little"), blob[10]
+    assert (entries, header_length) == (2, CPD_HEADER_BYTES)
+    names = [blob[header_length + i * CPD_ENTRY_BYTES:][:12].rstrip(b"\0") for i in range(entries)]
+    assert names == [b"HUCP.man", b"huc_fw"]
+    manifest = int.from_bytes(blob[header_length + 12:header_length + 16], "little") & (2 ** 25 - 1)
+    version = blob[manifest + MANIFEST_VERSION_AT:manifest + MANIFEST_VERSION_AT + 8]
+    assert [int.from_bytes(version[i:i + 2], "little") for i in range(0, 8, 2)] == [8, 5, 4, 1]
+    # The driver keeps major.minor.hotfix for a HuC (the build only for the GSC firmware).
+    assert parse_cpd_release_version(blob) == "8.5.4"
+
+
+def test_a_cut_or_garbled_cpd_gives_no_version_and_never_raises() -> None:
+    blob = sysfs.huc_gsc_blob(8, 5, 4)
+    manifest_end = CPD_HEADER_BYTES + 2 * CPD_ENTRY_BYTES + MANIFEST_BYTES
+    # Cut anywhere before the manifest header's end: the driver refuses the file ("FW too small"), so None.
+    assert [cut for cut in range(manifest_end) if parse_cpd_release_version(blob[:cut]) is not None] == []
+    assert parse_cpd_release_version(blob[:manifest_end]) == "8.5.4"
+
+    def changed(at: int, value: bytes) -> bytes:
+        return blob[:at] + value + blob[at + len(value):]
+    assert parse_cpd_release_version(changed(10, bytes([19]))) is None  # header_length below the header's size
+    assert parse_cpd_release_version(changed(4, (10 ** 6).to_bytes(4, "little"))) is None  # entries past the end
+    assert parse_cpd_release_version(changed(20, b"HUCP.mab")) is None  # no manifest entry
+    assert parse_cpd_release_version(changed(20, b"HUCP.man1234")) is None  # 12 bytes, no NUL: not "HUCP.man"
+    assert parse_cpd_release_version(changed(32, bytes(4))) is None  # manifest at offset 0: not found
+    assert parse_cpd_release_version(changed(32, (len(blob) - 100).to_bytes(4, "little"))) is None
+    assert parse_cpd_release_version(sysfs.guc_css_blob(70, 54, 0)) is None  # CSS, not CPD
+    assert parse_cpd_release_version(b"$CPD" + bytes(1020)) is None  # the marker and nothing else
+    assert parse_cpd_release_version(b"") is None and parse_cpd_release_version(None) is None
+    garbage = random.Random(14)
+    for _ in range(2000):
+        noise = bytes(garbage.randrange(256) for _ in range(garbage.randrange(20, 400)))
+        entries = garbage.choice([0, 1, 2, 3, 0xFFFFFFFF]).to_bytes(4, "little")
+        result = parse_cpd_release_version(b"$CPD" + entries + noise)
+        assert result is None or re.fullmatch(r"\d+\.\d+\.\d+", result)
 
 
 def test_old_guc_is_warned_about(tmp_path: Path) -> None:

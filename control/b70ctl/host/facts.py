@@ -287,6 +287,57 @@ def parse_css_release_version(blob: Optional[bytes]) -> Optional[str]:
     return "%d.%d.%d" % ((sw_version >> 16) & 0xFF, (sw_version >> 8) & 0xFF, sw_version & 0xFF)
 
 
+# The GSC layout HuC binaries use since DG2/MTL (BMG's xe/bmg_huc.bin): a Code Partition Directory (CPD) whose
+# entries point at named sections. Sizes and offsets of the packed little-endian structs gsc_cpd_header_v2,
+# gsc_cpd_entry and gsc_manifest_header in Linux's drivers/gpu/drm/xe/xe_uc_fw_abi.h.
+GSC_CPD_HEADER_MARKER = 0x44504324  # "$CPD"
+# Header: u32 marker, u32 num_of_entries, u8 header_version, entry_version, header_length, flags, u32
+# partition_name, u32 crc32.
+GSC_CPD_HEADER_SIZE = 20
+GSC_CPD_HEADER_LENGTH_OFFSET = 10
+GSC_CPD_ENTRY_SIZE = 24  # u8 name[12], u32 offset (bits 24:0; bit 25 huffman), u32 length, u8 reserved[4]
+GSC_CPD_ENTRY_NAME_BYTES = 12
+GSC_CPD_ENTRY_OFFSET_MASK = (1 << 25) - 1
+GSC_MANIFEST_HEADER_SIZE = 128
+GSC_MANIFEST_FW_VERSION_OFFSET = 36  # after nine u32; struct gsc_version is u16 major, minor, hotfix, build
+HUC_MANIFEST_ENTRY = "HUCP.man"
+
+
+def is_cpd_blob(blob: Optional[bytes]) -> bool:
+    """The driver's is_cpd_header (after parse_cpd_header's size check): a CPD header marker at offset 0."""
+    return bool(blob) and len(blob) >= GSC_CPD_HEADER_SIZE and \
+        struct.unpack_from("<I", blob, 0)[0] == GSC_CPD_HEADER_MARKER
+
+
+def parse_cpd_release_version(blob: Optional[bytes], manifest_entry: str = HUC_MANIFEST_ENTRY) -> Optional[str]:
+    """Release version of a GSC/CPD-packaged uC binary (HuC since DG2/MTL): the fw_version major.minor.hotfix of
+    the manifest the CPD entry `manifest_entry` points at, read with the checks of parse_cpd_header in Linux's
+    drivers/gpu/drm/xe/xe_uc_fw.c (structs in xe_uc_fw_abi.h): the marker, header_length at least the header's
+    size, every entry inside the file, the entry found by name (strcmp on its 12 bytes) at a non-zero offset
+    (bits 24:0), the whole manifest header inside the file. Anything else (truncated, garbage, not CPD) is None,
+    never an exception.
+
+    The driver then also parses the CSS header of the "huc_fw" entry, whose sw_version becomes the release it
+    prints in debugfs huc_info; this reads the file's own manifest, as the file declares itself."""
+    if blob is None or not is_cpd_blob(blob):
+        return None
+    entries, = struct.unpack_from("<I", blob, 4)
+    header_length = blob[GSC_CPD_HEADER_LENGTH_OFFSET]
+    if header_length < GSC_CPD_HEADER_SIZE or len(blob) < header_length + GSC_CPD_ENTRY_SIZE * entries:
+        return None
+    wanted = manifest_entry.encode("ascii")
+    offset = 0
+    for index in range(entries):
+        start = header_length + index * GSC_CPD_ENTRY_SIZE
+        if blob[start:start + GSC_CPD_ENTRY_NAME_BYTES].split(b"\0", 1)[0] == wanted:
+            offset = struct.unpack_from("<I", blob, start + GSC_CPD_ENTRY_NAME_BYTES)[0] & GSC_CPD_ENTRY_OFFSET_MASK
+            break
+    if not offset or len(blob) < offset + GSC_MANIFEST_HEADER_SIZE:
+        return None
+    major, minor, hotfix = struct.unpack_from("<HHH", blob, offset + GSC_MANIFEST_FW_VERSION_OFFSET)
+    return "%d.%d.%d" % (major, minor, hotfix)
+
+
 def version_tuple(text: Optional[str]) -> Optional[Tuple[int, ...]]:
     if not text or not re.match(r"^\d+(\.\d+)*$", text):
         return None
@@ -450,7 +501,13 @@ def _firmware_files(root: str) -> Dict[str, Any]:
             if os.path.isfile(path):
                 entry.update(present=True, file=name + suffix, size_bytes=os.path.getsize(path))
                 if not suffix:
-                    entry["release_version"] = parse_css_release_version(_read_bytes(path))
+                    blob = _read_bytes(path)
+                    # As the driver's parse_headers: a HuC is read as a CPD directory when it is one, else (and a
+                    # GuC always) by its CSS header.
+                    if "_huc" in name and is_cpd_blob(blob):
+                        entry["release_version"] = parse_cpd_release_version(blob)
+                    else:
+                        entry["release_version"] = parse_css_release_version(blob)
                 break
         files[name] = entry
     return files
