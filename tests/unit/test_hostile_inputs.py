@@ -16,6 +16,7 @@ import pytest
 from b70ctl.lock.model import FilePin, ImagePin, ModelPin, PatchSeriesPin, build_lock, lock_document
 from hostile import (
     Invocation,
+    Outcome,
     assert_left_clean,
     assert_one_line_error,
     copy_fills_disk,
@@ -53,7 +54,7 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
 
 
-def run_case(case: Case, tmp_path: Path) -> None:
+def run_case(case: Case, tmp_path: Path) -> Outcome:
     work = tmp_path / "case"
     work.mkdir()
     invocation = case.build(work)
@@ -67,6 +68,7 @@ def run_case(case: Case, tmp_path: Path) -> None:
         assert any(re.search(case.warning, line) for line in outcome.warning_lines), \
             f"{case.warning!r} not in the warnings: {outcome.stderr!r}"
     assert_left_clean(tmp_path, before, invocation.may_write + [tmp_path / "xdg-cache", tmp_path / "hf-home"])
+    return outcome
 
 
 # --- locks and fetch: paths from a lock must stay inside their root -----------------------------------------
@@ -1125,6 +1127,120 @@ NUMBER_CASES = [
 @pytest.mark.parametrize("case", NUMBER_CASES, ids=lambda case: case.id)
 def test_numbers(case: Case, tmp_path: Path) -> None:
     run_case(case, tmp_path)
+
+
+# --- sysfs trees: a host's (or a fixture's) tree that is not what the kernel makes ----------------------------
+# Each either warns by name (the facts still print) or is one line, exit 2; never a traceback and never a silent
+# "0 GPUs".
+
+
+GPU_A = "0000:05:00.0"  # the first B70 of the b70x2-switch tree (the second is 0000:09:00.0)
+
+
+def _device_file(address: str, name: str, content: bytes | None) -> Callable[[Path], None]:
+    """Replace (None: remove) one attribute file of a PCI function, behind its /sys/bus/pci/devices link."""
+    def spoil(root: Path) -> None:
+        path = (root / "sys/bus/pci/devices" / address).resolve() / name
+        path.unlink()
+        if content is not None:
+            path.write_bytes(content)
+    return spoil
+
+
+def _dangling(address: str) -> Callable[[Path], None]:
+    def spoil(root: Path) -> None:
+        link = root / "sys/bus/pci/devices" / address
+        target = os.readlink(link)
+        link.unlink()
+        link.symlink_to(target + "-removed")
+    return spoil
+
+
+def _looping(address: str) -> Callable[[Path], None]:
+    def spoil(root: Path) -> None:
+        link = root / "sys/bus/pci/devices" / address
+        link.unlink()
+        link.symlink_to(address)
+    return spoil
+
+
+def _removed(relative: str) -> Callable[[Path], None]:
+    def spoil(root: Path) -> None:
+        import shutil
+
+        shutil.rmtree(root / relative)
+    return spoil
+
+
+def _replaced(relative: str, content: bytes) -> Callable[[Path], None]:
+    def spoil(root: Path) -> None:
+        (root / relative).write_bytes(content)
+    return spoil
+
+
+def _drm_device_loop(root: Path) -> None:
+    link = root / "sys/class/drm/card0/device"
+    link.unlink()
+    link.symlink_to("device")
+
+
+def _sysfs(spoil: Callable[[Path], None], command: str = "facts",
+           scenario: str = "b70x2-switch") -> Callable[[Path], Invocation]:
+    def build(work: Path) -> Invocation:
+        from sysfs_trees import build_tree
+
+        root = Path(build_tree(work, scenario))
+        spoil(root)
+        args = {"facts": ["host", "facts", "--root", str(root), "--json"],
+                "facts-table": ["host", "facts", "--root", str(root)],
+                "topology": ["host", "topology", "--root", str(root), "--probe", "never", "--json"],
+                "fit": ["host", "fit", "pr620-fp8-tp2", "--root", str(root), "--json"]}[command]
+        return Invocation(args)
+    return build
+
+
+def _empty_root(work: Path) -> Invocation:
+    (work / "root").mkdir()
+    return Invocation(["host", "facts", "--root", str(work / "root"), "--json"])
+
+
+NO_PCI = r"sys/bus/pci/devices missing: no PCI devices could be read"
+SYSFS_CASES = [
+    Case("root-without-sys", _empty_root, 0, "", warning=NO_PCI),
+    Case("sys-without-bus", _sysfs(_removed("sys/bus")), 0, "", warning=NO_PCI),
+    Case("sys-without-bus-table", _sysfs(_removed("sys/bus"), "facts-table"), 0, "", warning=NO_PCI),
+    Case("sys-without-bus-fit", _sysfs(_removed("sys/bus"), "fit"), 1, ""),
+    Case("gpu-link-dangling", _sysfs(_dangling(GPU_A)), 0, "", warning=rf"{GPU_A}: dangling link"),
+    Case("gpu-link-dangling-topology", _sysfs(_dangling(GPU_A), "topology"), 0, ""),
+    Case("gpu-link-loop", _sysfs(_looping(GPU_A)), 0, "", warning=rf"{GPU_A}: .*symbolic links"),
+    Case("gpu-vendor-garbage", _sysfs(_device_file(GPU_A, "vendor", b"0xZZZZ\n")), 0, "",
+         warning=rf"{GPU_A}/vendor holds '0xZZZZ', not a hex id"),
+    Case("gpu-vendor-not-utf8", _sysfs(_device_file(GPU_A, "vendor", b"\xff\xfe\n")), 0, "",
+         warning=rf"{GPU_A}/vendor is not text"),
+    Case("gpu-vendor-missing", _sysfs(_device_file(GPU_A, "vendor", None)), 0, "",
+         warning=rf"{GPU_A}/vendor: No such file"),
+    Case("gpu-class-garbage", _sysfs(_device_file(GPU_A, "class", b"display\n")), 0, "",
+         warning=rf"{GPU_A}/class holds 'display', not a hex id"),
+    Case("gpu-device-missing", _sysfs(_device_file(GPU_A, "device", None)), 0, "",
+         warning=rf"{GPU_A}/device: No such file.*unknown"),
+    Case("gpu-device-missing-topology", _sysfs(_device_file(GPU_A, "device", None), "topology"), 0, ""),
+    Case("gpu-device-missing-fit", _sysfs(_device_file(GPU_A, "device", None), "fit"), 1, ""),
+    Case("gpu-device-missing-table", _sysfs(_device_file(GPU_A, "device", None), "facts-table"), 0, "",
+         warning=rf"{GPU_A}/device"),
+    Case("gpu-numa-not-utf8", _sysfs(_device_file(GPU_A, "numa_node", b"\xff\n")), 0, ""),
+    Case("drm-device-link-loop", _sysfs(_drm_device_loop), 0, ""),
+    Case("meminfo-not-utf8", _sysfs(_replaced("proc/meminfo", b"MemTotal: \xff kB\n"), "fit"), 1, ""),
+]
+
+
+@pytest.mark.parametrize("case", SYSFS_CASES, ids=lambda case: case.id)
+def test_sysfs_trees(case: Case, tmp_path: Path) -> None:
+    outcome = run_case(case, tmp_path)
+    # What could be read is still printed: the facts (or the fit, the topology) of the rest of the tree.
+    if outcome.stdout.startswith("{"):
+        assert {"gpus", "fits", "pairs"} & set(json.loads(outcome.stdout)), outcome.stdout[:200]
+    else:
+        assert "Intel discrete GPU(s)" in outcome.stdout, outcome.stdout[:200]
 
 
 # --- the top-level guard ------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from b70ctl.errors import BadInput
 from b70ctl.host.facts import collect_facts
@@ -46,6 +47,10 @@ def facts_command(root: RootOption = "/", as_json: JsonOption = False) -> None:
     """Intel GPUs by PCI id, driver binding, DRM nodes, links, BAR, firmware; kernel and RAM."""
     _check_root(root)
     facts = collect_facts(root)
+    # On stderr in both modes: what could not be read is said by name, even when the JSON goes to a pipe.
+    warn = Console(stderr=True, highlight=False, soft_wrap=True)
+    for warning in facts["warnings"]:
+        warn.print(Text.assemble(("warning:", "yellow"), " ", warning))
     if as_json:
         _print_json(facts)
         return
@@ -64,8 +69,6 @@ def facts_command(root: RootOption = "/", as_json: JsonOption = False) -> None:
     out.print(table)
     for gpu in facts["integrated_gpus"]:
         out.print(f"not counted: integrated GPU {gpu['pci_address']} {gpu['pci_id']} ({gpu['integrated_reason']})")
-    for warning in facts["warnings"]:
-        out.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
 
 @app.command("topology")

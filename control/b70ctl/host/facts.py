@@ -15,6 +15,7 @@ function (8086:e2f7) are never GPUs: they are not display class. Intel's own scr
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -128,6 +129,31 @@ def _listdir(path: str) -> List[str]:
         return sorted(os.listdir(path))
     except OSError:
         return []
+
+
+def _link_problem(link: str) -> Optional[str]:
+    """Why an entry of /sys/bus/pci/devices cannot be followed (a dangling link, a loop), or None when it can."""
+    try:
+        os.stat(link)
+        return None
+    except OSError as error:
+        if error.errno == errno.ENOENT and os.path.islink(link):
+            return "%s: dangling link (to %s): that device was not read" % (link, os.readlink(link))
+        return "%s: %s: that device was not read" % (link, error.strerror)
+
+
+def _id_file_problem(path: str) -> str:
+    """Why a PCI id file (vendor, device, class) gave no number: missing, unreadable, not text or not hex."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(64)
+    except OSError as error:
+        return "%s: %s" % (path, error.strerror)
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return "%s is not text" % path
+    return "%s holds %r, not a hex id" % (path, text[:20])
 
 
 def _link_name(path: str) -> Optional[str]:
@@ -607,16 +633,35 @@ def _warnings(gpus: List[Dict[str, Any]], firmware_files: Dict[str, Any]) -> Lis
 
 
 def collect_facts(root: str = "/") -> Dict[str, Any]:
-    """Everything the plays and `b70ctl host` need about this host's GPUs, as a JSON-able dict."""
+    """Everything the plays and `b70ctl host` need about this host's GPUs, as a JSON-able dict. What could not be
+    read is named in `warnings`: a tree without PCI devices, or a device whose identity is unreadable, must not
+    pass for a host with no GPU."""
     drm = _drm_nodes(root)
     discrete: List[Dict[str, Any]] = []
     integrated: List[Dict[str, Any]] = []
-    for address in _listdir(_path(root, "/sys/bus/pci/devices")):
+    unread: List[str] = []
+    devices_dir = _path(root, "/sys/bus/pci/devices")
+    if not os.path.isdir(devices_dir):
+        unread.append("%s missing: no PCI devices could be read (is %s the root of a sysfs tree?)" % (
+            devices_dir, root))
+    for address in _listdir(devices_dir):
         if not PCI_ADDRESS.match(address):
             continue
+        link = os.path.join(devices_dir, address)
+        problem = _link_problem(link)
+        if problem is not None:
+            unread.append(problem)
+            continue
         device = _pci_device(root, address)
+        for name in ("vendor", "class"):
+            if device[name] is None and (name == "vendor" or device["vendor"] == INTEL_VENDOR_ID):
+                unread.append("%s: not known whether it is an Intel GPU, not counted" % _id_file_problem(
+                    os.path.join(link, name)))
+                break
         if device["vendor"] != INTEL_VENDOR_ID or device["class"] is None or device["class"] >> 16 != 0x03:
             continue  # not an Intel display-class function (bridges e2f0/e2ff and audio e2f7 end here)
+        if device["device"] is None:
+            unread.append("%s: counted as an unknown Intel GPU" % _id_file_problem(os.path.join(link, "device")))
         entry = _gpu_entry(root, device, drm)
         (integrated if entry["integrated"] else discrete).append(entry)
     for index, gpu in enumerate(discrete):
@@ -642,11 +687,11 @@ def collect_facts(root: str = "/") -> Dict[str, Any]:
         "gpu_count": len(discrete),
         "gpu_count_xe_bound": sum(1 for gpu in discrete if gpu["xe_bound"]),
         "gpu_count_by_model": count_by_model,
-        "gpu_pci_ids": sorted({gpu["pci_id"] for gpu in discrete}),
+        "gpu_pci_ids": sorted({gpu["pci_id"] for gpu in discrete if gpu["pci_id"]}),
         "gpus": discrete,
         "integrated_gpus": integrated,
         "firmware_files": firmware_files,
-        "warnings": _warnings(discrete, firmware_files),
+        "warnings": unread + _warnings(discrete, firmware_files),
         # What the kernel's P2PDMA decides with besides the PCIe tree (topology.py).
         "cpu": parse_cpuinfo(_read_text(_path(root, "/proc/cpuinfo"))),
         "host_bridge_devices": _root_bus_devices(root),
@@ -660,7 +705,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not os.path.isdir(args.root):
         sys.stderr.write("error: --root %s is not a directory: give the root of a sysfs tree\n" % args.root)
         return 2
-    sys.stdout.write(json.dumps(collect_facts(args.root), indent=2) + "\n")
+    facts = collect_facts(args.root)
+    for warning in facts["warnings"]:
+        sys.stderr.write("warning: %s\n" % warning)  # stdout stays the JSON Ansible reads
+    sys.stdout.write(json.dumps(facts, indent=2) + "\n")
     return 0
 
 
