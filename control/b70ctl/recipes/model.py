@@ -9,11 +9,12 @@ has to re-check them.
 from __future__ import annotations
 
 import re
-
+from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from b70ctl.errors import first_problem
 from b70ctl.models.tiny import TinySpec
 from b70ctl.versions import version_at_least
 
@@ -205,6 +206,89 @@ class Claim(Strict):
         return self
 
 
+class IntRange(Strict):
+    """Every integer from low to high, both included."""
+
+    low: int
+    high: int
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        if self.high < self.low:
+            raise ValueError(f"range {self.low}..{self.high}: high is below low")
+        return self
+
+    def values(self) -> list[int]:
+        return list(range(self.low, self.high + 1))
+
+
+# The oneCCL variables of a profile that tuning may move (host/topology.py CCL_PROFILES writes the profiles). Only
+# the P2P profile's message-size thresholds: they choose between algorithms that all work over peer access. The
+# no-P2P profile's SIMPLE thresholds stay at 4 GiB: a lower one sends collectives down the peer IPC path that fails
+# without P2P (zeMemOpenIpcHandle, docs/facts.md, P2P and the no-P2P path).
+ONECCL_TUNABLE = re.compile(r"^CCL_[A-Z0-9_]+_THRESHOLD$")
+# Candidates a tune may serve: each is a server start (minutes on a B70 host), so a grid larger than this is a
+# space nobody can afford to measure.
+MAX_TUNE_CANDIDATES = 64
+
+
+class TuneSpace(Strict):
+    """What `b70ctl tune` may change on a host and the values it tries (a grid: every combination), with its
+    budget. Knobs not named here are never tuned. Every combination must give a recipe the validator accepts."""
+
+    num_speculative_tokens: IntRange | None = None
+    draft_sample_method: list[Literal["greedy", "probabilistic"]] = Field(default_factory=list)
+    max_num_batched_tokens: list[int] = Field(default_factory=list)
+    oneccl_thresholds: dict[Literal["p2p", "no-p2p"], dict[str, list[int]]] = Field(
+        default_factory=dict, description="Per oneCCL profile, threshold variables and the values tried; only "
+                                          "the host's active profile applies")
+    budget_requests: int = Field(ge=1, description="Most measured requests of the whole tune, the final "
+                                                   "re-measurement included (warm-ups are not counted)")
+    first_rung_requests: int = Field(1, ge=1, description="Requests per workload of every candidate in the "
+                                                          "first round; each later round doubles it")
+    final_requests: int = Field(3, ge=1, description="Requests per workload of the winner and the recipe's "
+                                                     "default, measured back to back at the end")
+
+    @model_validator(mode="after")
+    def _values(self) -> TuneSpace:
+        for name, values in (("draft_sample_method", self.draft_sample_method),
+                             ("max_num_batched_tokens", self.max_num_batched_tokens)):
+            if len(values) != len(set(values)):
+                raise ValueError(f"tune.{name}: a value is listed twice")
+        if "no-p2p" in self.oneccl_thresholds:
+            raise ValueError("tune.oneccl_thresholds: the no-p2p profile's thresholds must stay as they are (every "
+                             "collective through host memory; a lower threshold takes the peer IPC path that fails "
+                             "without P2P): tune the p2p profile only")
+        for profile, variables in self.oneccl_thresholds.items():
+            for variable, values in variables.items():
+                if not ONECCL_TUNABLE.match(variable):
+                    raise ValueError(f"tune.oneccl_thresholds.{profile}: {variable!r} is not a oneCCL threshold "
+                                     "(CCL_..._THRESHOLD): only message-size thresholds are tuned")
+                if not values or any(value < 0 for value in values) or len(values) != len(set(values)):
+                    raise ValueError(f"tune.oneccl_thresholds.{profile}.{variable}: give distinct sizes >= 0")
+        return self
+
+    def knobs(self, profile: str | None = None) -> dict[str, list[int | str]]:
+        """Knob name -> values tried, in a fixed order; oneCCL variables only for the host's active profile."""
+        knobs: dict[str, list[int | str]] = {}
+        if self.num_speculative_tokens is not None:
+            knobs["num_speculative_tokens"] = list(self.num_speculative_tokens.values())
+        if self.draft_sample_method:
+            knobs["draft_sample_method"] = list(self.draft_sample_method)
+        if self.max_num_batched_tokens:
+            knobs["max_num_batched_tokens"] = list(self.max_num_batched_tokens)
+        for variable, values in sorted(self.oneccl_thresholds.get(profile or "", {}).items()):
+            knobs[variable] = list(values)
+        return knobs
+
+    def grid(self, profile: str | None = None) -> list[dict[str, int | str]]:
+        """Every combination of the knobs' values, the first knob varying slowest."""
+        combinations: list[dict[str, int | str]] = [{}]
+        for name, values in self.knobs(profile).items():
+            combinations = [{**combination, name: value} for combination in combinations for value in values]
+        return combinations
+
+
 class Recipe(Strict):
     schema_version: Literal[1] = 1
     name: str
@@ -220,6 +304,7 @@ class Recipe(Strict):
     workloads: list[Workload]
     correctness: CorrectnessSettings
     claims: list[Claim]
+    tune: TuneSpace | None = Field(None, description="The knobs `b70ctl tune` may change, and its budget")
 
     @model_validator(mode="after")
     def _known_bad(self) -> Recipe:
@@ -262,6 +347,70 @@ class Recipe(Strict):
         if len(claim_ids) != len(set(claim_ids)):
             raise ValueError("claim ids must be unique")
         return self
+
+    @model_validator(mode="after")
+    def _tune_space(self) -> Recipe:
+        """A tune may only try what this recipe's vLLM has, and every candidate must be a recipe this validator
+        accepts: each is re-validated whole, so a tuned override can never bring back a refused combination."""
+        tune = self.tune
+        if tune is None:
+            return self
+        spec = self.serve.speculative
+        if spec is None and (tune.num_speculative_tokens is not None or tune.draft_sample_method):
+            raise ValueError("tune: num_speculative_tokens and draft_sample_method need serve.speculative")
+        if tune.draft_sample_method:
+            if spec is not None and spec.method == "ngram":
+                raise ValueError("tune.draft_sample_method: ngram drafts without a model, there is nothing to sample")
+            # vLLM 0.21 names the values greedy | gumbel and applies them under Model Runner V2 only
+            # (vllm/config/speculative.py at v0.21.0); 0.29 and 0.32 have greedy | probabilistic.
+            if not version_at_least(self.vllm_version, "0.29.0"):
+                raise ValueError(f"tune.draft_sample_method: vLLM {self.vllm_version} has no 'probabilistic' draft "
+                                 "sampling (0.21 has greedy | gumbel, Model Runner V2 only): leave it out")
+            if self.serve.env.get("VLLM_USE_V2_MODEL_RUNNER") == "0":
+                raise ValueError("tune.draft_sample_method applies under Model Runner V2 only, and serve.env sets "
+                                 "VLLM_USE_V2_MODEL_RUNNER=0: leave it out")
+        if tune.oneccl_thresholds:
+            if self.host.accelerator != "xpu":
+                raise ValueError("tune.oneccl_thresholds: oneCCL runs on XPU hosts only")
+            if self.serve.tensor_parallel_size < 2:
+                raise ValueError("tune.oneccl_thresholds: at tensor parallel size 1 there are no collectives")
+        profiles = list(tune.oneccl_thresholds) or [None]
+        grids = [tune.grid(profile) for profile in profiles]
+        largest = max(len(grid) for grid in grids)
+        if largest > MAX_TUNE_CANDIDATES:
+            raise ValueError(f"tune: {largest} candidates, more than {MAX_TUNE_CANDIDATES} (each is a server start): "
+                             "narrow the ranges")
+        measured_workloads = sum(1 for workload in self.workloads if workload.server == "endpoint")
+        first_rung = largest * tune.first_rung_requests * measured_workloads
+        final = 2 * tune.final_requests * measured_workloads
+        if first_rung + final > tune.budget_requests:
+            raise ValueError(f"tune.budget_requests {tune.budget_requests} does not cover one round of every "
+                             f"candidate and the final re-measurement ({first_rung} + {final} requests): raise it")
+        for grid in grids:
+            for overrides in grid:
+                try:
+                    self.with_overrides(overrides)
+                except ValidationError as error:
+                    shown = ", ".join(f"{name}={value}" for name, value in overrides.items())
+                    raise ValueError(f"tune: the candidate {shown} is a recipe this validator refuses: "
+                                     f"{first_problem(error)}") from None
+        return self
+
+    def with_overrides(self, overrides: Mapping[str, int | str | None]) -> Recipe:
+        """This recipe with a tune's overrides applied, validated whole (and without a tune section of its own).
+        oneCCL variables are host environment, not recipe fields: the serve context carries them."""
+        data = self.model_dump(mode="python")
+        data["tune"] = None
+        for name, value in overrides.items():
+            if name in ("num_speculative_tokens", "draft_sample_method"):
+                if data["serve"]["speculative"] is None:
+                    raise ValueError(f"override {name}: the recipe does not speculate")
+                data["serve"]["speculative"][name] = value
+            elif name == "max_num_batched_tokens":
+                data["serve"][name] = value
+            elif not ONECCL_TUNABLE.match(name):
+                raise ValueError(f"override {name!r}: not a knob b70ctl tunes")
+        return Recipe.model_validate(data)
 
     def workload(self, name: str) -> Workload:
         for workload in self.workloads:
