@@ -1204,9 +1204,18 @@ def _empty_root(work: Path) -> Invocation:
     return Invocation(["host", "facts", "--root", str(work / "root"), "--json"])
 
 
+def _root_not_a_directory(command: str) -> Callable[[Path], Invocation]:
+    def build(work: Path) -> Invocation:
+        (work / "root").write_text("a file\n")
+        return Invocation(["host", command, "--root", str(work / "root")])
+    return build
+
+
 NO_PCI = r"sys/bus/pci/devices missing: no PCI devices could be read"
 SYSFS_CASES = [
     Case("root-without-sys", _empty_root, 0, "", warning=NO_PCI),
+    Case("root-is-a-file", _root_not_a_directory("facts"), 2, r"--root \S*root is not a directory"),
+    Case("root-is-a-file-topology", _root_not_a_directory("topology"), 2, r"--root \S*root is not a directory"),
     Case("sys-without-bus", _sysfs(_removed("sys/bus")), 0, "", warning=NO_PCI),
     Case("sys-without-bus-table", _sysfs(_removed("sys/bus"), "facts-table"), 0, "", warning=NO_PCI),
     Case("sys-without-bus-fit", _sysfs(_removed("sys/bus"), "fit"), 1, ""),
@@ -1236,8 +1245,10 @@ SYSFS_CASES = [
 @pytest.mark.parametrize("case", SYSFS_CASES, ids=lambda case: case.id)
 def test_sysfs_trees(case: Case, tmp_path: Path) -> None:
     outcome = run_case(case, tmp_path)
-    # What could be read is still printed: the facts (or the fit, the topology) of the rest of the tree.
-    if outcome.stdout.startswith("{"):
+    # Refused: nothing printed. Otherwise what could be read still is: the facts (or the fit, the topology).
+    if case.exit_code == 2:
+        assert outcome.stdout == ""
+    elif outcome.stdout.startswith("{"):
         assert {"gpus", "fits", "pairs"} & set(json.loads(outcome.stdout)), outcome.stdout[:200]
     else:
         assert "Intel discrete GPU(s)" in outcome.stdout, outcome.stdout[:200]
