@@ -63,7 +63,7 @@ def build_planted_fleet(reports_dir: Path) -> None:
     middle = valid.index(',"', len(valid) // 2) + 1
     write_host(reports_dir, CORRUPT_HOST).joinpath("report.json").write_text(valid[:middle] + "}}]]" + valid[middle:])
     future = json.loads(make_report(PR620, FUTURE_SCHEMA_HOST).model_dump_json())
-    future["schema_version"] = 3
+    future["schema_version"] = 4
     write_host(reports_dir, FUTURE_SCHEMA_HOST, future)
     write_host(reports_dir, DUPLICATE_HOST, make_report(
         PR620, DUPLICATE_HOST, environment=environment_for("b70-05"), started_at=STARTED_AT - timedelta(days=2)))
@@ -111,7 +111,7 @@ def test_every_bad_input_is_named_once(planted):
         ("mixed_recipes", None, "grouped"),
     }
     by_kind = {problem.kind: problem for problem in planted.problems}
-    assert "schema_version 3 is unknown" in by_kind["unknown_schema_version"].reason
+    assert "schema_version 4 is unknown" in by_kind["unknown_schema_version"].reason
     duplicate = by_kind["duplicate_host"]
     assert "b70-05/report.json (kept" in duplicate.reason and "b70-25/report.json (excluded" in duplicate.reason
     assert f"{DSPARK} (3 hosts)" in by_kind["mixed_recipes"].reason
@@ -403,3 +403,29 @@ def test_distribution_quantiles():
     assert (d.n, d.median, d.mad, d.min, d.max) == (10, 5.5, 2.5, 1.0, 10.0)
     assert (d.p10, d.p90) == (pytest.approx(1.9), pytest.approx(9.1))
     assert stats.distribution([]) is None
+
+
+def test_hosts_on_emulated_hardware_are_counted_and_each_carries_its_root(tmp_path):
+    from b70ctl.fleet.render import render_html, render_markdown
+    write_host(tmp_path, "real", make_report("cpu-tiny", "real"))
+    write_host(tmp_path, "fixture-1", make_report("cpu-tiny", "fixture-1", environment=environment_for(
+        "fixture-1", hardware_root="/opt/b70-fixture")))
+    # A report that did not record it, with host facts that did (host_facts.json fills what a report left out).
+    write_host(tmp_path, "fixture-2", make_report("cpu-tiny", "fixture-2"),
+               facts={**HOST_FACTS, "hardware_root": "/srv/fixture-2"})
+    report = aggregate(tmp_path)
+    assert report.summary.emulated == 2 and report.summary.hosts == 3
+    assert {entry.host: entry.environment.hardware_root for entry in report.hosts} == {
+        "real": None, "fixture-1": "/opt/b70-fixture", "fixture-2": "/srv/fixture-2"}
+    on_disk = json.loads(report.model_dump_json())
+    assert on_disk["summary"]["emulated"] == 2
+    assert [h["environment"]["hardware_root"] for h in on_disk["hosts"]] == [
+        "/opt/b70-fixture", "/srv/fixture-2", None]
+    # Not a drift field: each fixture has its own root, and that is no difference between hosts to explain.
+    assert all(d.field != "hardware_root" for fleet in report.recipes for d in fleet.drift)
+    said = "**Emulated hardware on 2 of 3 hosts**: their GPU facts were read from a fixture's sysfs tree"
+    assert said in render_markdown(report)
+    assert "<strong>Emulated hardware on 2 of 3 hosts</strong>" in render_html(report)
+    # A fleet of real hosts says nothing about it.
+    real_only = aggregate([tmp_path / "real" / "report.json"])
+    assert real_only.summary.emulated == 0 and "Emulated" not in render_markdown(real_only)

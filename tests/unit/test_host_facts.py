@@ -285,3 +285,38 @@ def test_old_guc_is_warned_about(tmp_path: Path) -> None:
     facts = collect_facts(str(root))
     assert facts["warnings"] == ["B70 0000:03:00.0: GuC 70.36.0 loaded, 70.54+ recommended: update /lib/firmware/xe"]
     assert facts_module.GUC_RECOMMENDED == (70, 54, 0)
+
+
+def _environment_of(facts: dict):
+    from b70ctl.host.environment import HostBundle, host_environment
+    from b70ctl.lock.model import load_recipe_and_lock
+    recipe, lock, _ = load_recipe_and_lock("pr620-fp8-tp2", None)
+    return host_environment(HostBundle(hostname="b70-a", facts=facts), recipe, lock)
+
+
+def test_the_environment_names_where_each_firmware_version_came_from(tmp_path: Path) -> None:
+    facts = collect_facts(build_tree(tmp_path, "b70x2-switch"))
+    loaded = _environment_of(facts)
+    # The driver's own word first (debugfs, per GPU): what runs, not what lies on disk.
+    assert (loaded.xe_guc_firmware, loaded.xe_huc_firmware) == ("70.54.0 (loaded)", "8.2.10 (loaded)")
+    # Read without root: no debugfs, so the versions inside the files (CSS GuC, CPD HuC).
+    unprivileged = dict(facts, gpus=[dict(gpu, firmware=None) for gpu in facts["gpus"]])
+    from_files = _environment_of(unprivileged)
+    assert (from_files.xe_guc_firmware, from_files.xe_huc_firmware) == ("70.54.0 (file)", "8.2.10 (file)")
+    # A compressed file's version is not read: its name says what is there.
+    compressed = dict(unprivileged, firmware_files=dict(facts["firmware_files"], **{"xe/bmg_huc.bin": {
+        "present": True, "file": "xe/bmg_huc.bin.zst", "size_bytes": 1, "release_version": None}}))
+    assert _environment_of(compressed).xe_huc_firmware == "xe/bmg_huc.bin.zst (file, version not readable)"
+    # GPUs that loaded different versions show each.
+    mixed = dict(facts, gpus=[facts["gpus"][0], dict(facts["gpus"][1], firmware={"guc": {"found_release": "70.49.4"},
+                                                                                    "huc": None})])
+    assert _environment_of(mixed).xe_guc_firmware == "70.54.0 / 70.49.4 (loaded)"
+
+
+def test_the_environment_says_when_the_hardware_was_emulated(tmp_path: Path) -> None:
+    root = build_tree(tmp_path, "b70-igpu")
+    facts = collect_facts(root)
+    assert facts["root"] == root and _environment_of(facts).hardware_root == root
+    # Facts read at / are a real host's: nothing to say.
+    for real in ("/", "//", None):
+        assert _environment_of(dict(facts, root=real)).hardware_root is None

@@ -122,3 +122,26 @@ def test_verify_writes_report_html_beside_report_md_atomically(servers, tmp_path
     assert all(f"short request {number}: {request.decode_tok_s:.1f} tok/s" in html
                for number, request in enumerate(short.requests, start=1))
     assert not [path.name for path in tmp_path.iterdir() if path.name.endswith(".tmp")]
+
+
+def test_a_report_made_on_emulated_hardware_says_so_under_its_status_line():
+    from b70ctl.report.markdown import render_markdown
+    recipe = shipped_recipe("pr620-fp8-tp2")
+    report = make_report("pr620-fp8-tp2", "b70-a")
+    report.environment.xe_guc_firmware, report.environment.xe_huc_firmware = "70.54.0 (loaded)", "8.2.10 (file)"
+    real_markdown, real_html = render_markdown(report, recipe), render_html(report, recipe)
+    assert "emulated" not in real_markdown.lower() and "Hardware: emulated" not in real_html
+    assert "- Firmware: GuC 70.54.0 (loaded), HuC 8.2.10 (file)" in real_markdown.splitlines()
+    assert f"kernel {report.environment.kernel} · GuC 70.54.0 (loaded), HuC 8.2.10 (file)" in real_html
+
+    report.environment.hardware_root = "/opt/b70-fixture"
+    said = ("Hardware: emulated (GPU facts read from the sysfs tree under /opt/b70-fixture; kernel and firmware "
+            "values are the fixture's)")
+    lines = render_markdown(report, recipe).splitlines()
+    status = next(index for index, line in enumerate(lines) if line.startswith("**all checks passed.**"))
+    assert lines[status + 1:status + 3] == ["", f"**{said}.**"]
+    assert f"- Kernel: {report.environment.kernel} (emulated: the fixture's)" in lines
+    assert "- Firmware: GuC 70.54.0 (loaded), HuC 8.2.10 (file) (emulated: the fixture's)" in lines
+    html = render_html(report, recipe).splitlines()
+    status = next(index for index, line in enumerate(html) if line.startswith('<div class="verdict ok">'))
+    assert html[status + 1] == f'<p class="emulated"><strong>{said.replace(chr(39), "&#x27;")}.</strong></p>'

@@ -635,6 +635,7 @@ def build_fleet_report(collected: Collected, source: str, *, generated_at: datet
         drifting_hosts=sum(1 for entry in entries if entry.drift_fields),
         outliers=sum(1 for entry in entries if entry.outlier_workloads),
         problems=len(problems),
+        emulated=sum(1 for entry in entries if entry.status != "duplicate" and entry.environment.hardware_root),
     )
     failing_problems = [p for p in problems if p.action != "grouped"]
     all_met = (summary.hosts > 0 and summary.all_claims_met == summary.hosts and not failing_problems)

@@ -263,6 +263,8 @@ class FleetSummary(Model):
     drifting_hosts: int
     outliers: int = Field(description="Hosts that are an outlier in at least one workload")
     problems: int
+    emulated: int = Field(0, description="Hosts whose report was made on emulated hardware (environment."
+                                         "hardware_root: GPU facts read from a fixture's sysfs tree)")
 
 
 class DiagnosedGroup(Model):

@@ -9,6 +9,7 @@ the host_facts.json that `b70ctl verify --host-facts` and the fleet report read.
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Any
 
@@ -42,11 +43,29 @@ class HostBundle(BaseModel):
 
 
 def _firmware_version(facts: FactsDocument, kind: str) -> str | None:
-    """The release version of the first present xe firmware file of KIND (guc or huc), else its file name."""
+    """The GuC or HuC (KIND guc or huc) release, naming where it came from: what the driver loaded (debugfs, read
+    as root; each distinct version of the GPUs), else the version inside the first present xe firmware file of
+    KIND, else that file's name."""
+    loaded: list[str] = []
+    for gpu in facts.gpus:
+        state = getattr(gpu.firmware, kind) if gpu.firmware else None
+        if state is not None and state.found_release and state.found_release not in loaded:
+            loaded.append(state.found_release)
+    if loaded:
+        return f"{' / '.join(loaded)} (loaded)"
     for name, entry in sorted(facts.firmware_files.items()):
         if f"_{kind}" in name.rsplit("/", 1)[-1] and entry.present:
-            return entry.release_version or entry.file or name
+            if entry.release_version:
+                return f"{entry.release_version} (file)"
+            return f"{entry.file or name} (file, version not readable)"
     return None
+
+
+def hardware_root(facts: FactsDocument) -> str | None:
+    """The root prefix the facts were read under when it is not /: the GPUs, kernel and firmware of a fixture."""
+    if facts.root is None or os.path.normpath(facts.root) in ("/", "//"):
+        return None
+    return facts.root
 
 
 def _revision(models: dict[str, Any], role: str) -> str | None:
@@ -83,4 +102,5 @@ def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environm
         gpu_model=", ".join(f"{count}x {name}" for name, count in sorted(by_model.items())) or None,
         p2p_profile=bundle.topology.get("profile"),
         serve_command=serve_command_line(bundle.serve),
+        hardware_root=hardware_root(facts) if facts else None,
     )

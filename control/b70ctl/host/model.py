@@ -145,6 +145,18 @@ class _Facts(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True, strict=True)
 
 
+class UcState(_Facts):
+    """A GuC or HuC as the driver shows it in debugfs (facts.py parse_uc_info)."""
+
+    status: str | None = None
+    found_release: str | None = Field(None, description="The release version of the firmware the driver loaded")
+
+
+class GpuFirmware(_Facts):
+    guc: UcState | None = None
+    huc: UcState | None = None
+
+
 class FactsGpu(_Facts):
     """One discrete GPU as the fit check and the reports read it."""
 
@@ -155,6 +167,7 @@ class FactsGpu(_Facts):
     xe_bound: bool = False
     vram_bytes: int | None = Field(None, ge=0)
     vram_gib_nominal: float | None = Field(None, ge=0)
+    firmware: GpuFirmware | None = Field(None, description="From debugfs: only readable as root")
 
 
 class FirmwareFile(_Facts):
@@ -166,6 +179,7 @@ class FirmwareFile(_Facts):
 class FactsDocument(_Facts):
     """The b70 fact of one host (facts.py `collect_facts`), as read back from a file, stdin or a host bundle."""
 
+    root: str | None = Field(None, description="The root prefix the facts were read under: / on a real host")
     gpus: list[FactsGpu]
     gpu_count: int | None = Field(None, ge=0)
     gpu_count_by_model: dict[str, int] = Field(default_factory=dict)

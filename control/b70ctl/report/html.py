@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 
 from b70ctl.recipes.model import Recipe
-from b70ctl.report.markdown import VERDICT_MARK, status_line
+from b70ctl.report.markdown import VERDICT_MARK, emulated_hardware_line, firmware_line, status_line
 from b70ctl.report.model import Report, Summary
 from b70ctl.report.plots import acceptance_per_position_svg, decode_per_request_svg
 
@@ -21,6 +21,7 @@ h2 { margin-top: 2rem; border-bottom: 2px solid #ddd; padding-bottom: .2rem; }
 .verdict { font-size: 1.1rem; font-weight: 600; padding: .6rem .9rem; border-radius: 6px; margin: .8rem 0; }
 .ok { background: #e6f4ea; color: #0d5b22; } .bad { background: #fdecea; color: #8a1c14; }
 .partial { background: #fff8e1; color: #6b4e00; }
+.emulated { background: #fff8e1; color: #6b4e00; border-left: 4px solid #e0a800; padding: .4rem .9rem; }
 .meta { color: #555; font-size: .9rem; }
 table { border-collapse: collapse; margin: .6rem 0; font-size: .88rem; }
 th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: left; vertical-align: top; }
@@ -95,6 +96,10 @@ def render_html(report: Report, recipe: Recipe) -> str:
             f"b70ctl {_text(report.tool_version)}"]
     if environment.hostname:
         meta.insert(0, f"host <code>{_text(environment.hostname)}</code>")
+    firmware = firmware_line(environment)
+    meta += ([f"kernel {_text(environment.kernel)}"] if environment.kernel else []) + \
+        ([_text(firmware)] if firmware else [])
+    emulated = emulated_hardware_line(environment)
     lines = [
         "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -104,6 +109,7 @@ def render_html(report: Report, recipe: Recipe) -> str:
         f"<p class=\"meta\">{' · '.join(meta)}</p>",
         f"<div class=\"verdict {kind}\">{_text(status_line(report))}. Claims met: {met} of {len(report.verdicts)}."
         "</div>",
+        *([f"<p class=\"emulated\"><strong>{_text(emulated)}.</strong></p>"] if emulated else []),
         "<h2>Verdicts</h2>", *_verdict_table(report),
         "<h2>Throughput (concurrency 1)</h2>",
     ]

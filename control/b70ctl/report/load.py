@@ -11,8 +11,12 @@ Schema versions
   marking, no `baseline`. Spec-decode stats had no `per_position_acceptance` and no pollution flag, and claim
   verdicts had no `bound` and no `source`.
 - 1: every figure as the client saw the stream arrive; no engine timing, no delivery check.
-- 2: the current `Report` (report/model.py): figures on the engine's clock where the server timed the request,
-  the client's beside them as `client_*`, each request's delivery checked.
+- 2: figures on the engine's clock where the server timed the request, the client's beside them as `client_*`,
+  each request's delivery checked.
+- 3: the current `Report` (report/model.py): the environment says whether the hardware was emulated
+  (`hardware_root`, the root prefix the GPU facts were read under when not /).
+Upgrading 2 -> 3 adds nothing: a schema 2 report did not record emulation, and its `hardware_root` stays unknown
+(None), as on a report of real hardware.
 Upgrading 1 -> 2 keeps every figure and names it for what it was: the client's (`timing_source: client`,
 `client_*` filled, delivery "unchecked", a timing note saying so).
 Upgrading 0 -> 1 moves the top-level fields into `environment`, rebuilds `measurements` from the structured
@@ -122,6 +126,10 @@ def _upgrade_1_to_2(data: dict[str, Any]) -> dict[str, Any]:
     return upgraded
 
 
+def _upgrade_2_to_3(data: dict[str, Any]) -> dict[str, Any]:
+    return {**data, "schema_version": 3}
+
+
 def report_schema_version(data: dict[str, Any]) -> int | None:
     """The schema version a report declares; schema 0 had no key. None when the value is not an integer."""
     version = data.get("schema_version", 0)
@@ -145,6 +153,8 @@ def upgrade_report_json(data: dict[str, Any]) -> dict[str, Any]:
         data = _upgrade_0_to_1(data)
     if version <= 1:
         data = _upgrade_1_to_2(data)
+    if version <= 2:
+        data = _upgrade_2_to_3(data)
     return data
 
 

@@ -6,7 +6,7 @@ llama-benchy table B70 users paste into issues, and a headline that names what f
 from __future__ import annotations
 
 from b70ctl.recipes.model import Recipe
-from b70ctl.report.model import Report, Summary, WorkloadResult
+from b70ctl.report.model import Environment, Report, Summary, WorkloadResult
 
 VERDICT_MARK = {"met": "✅ met", "not_met": "❌ not met", "not_measured": "➖ not measured"}
 WORKLOAD_TITLES = {
@@ -147,15 +147,33 @@ def status_line(report: Report) -> str:
     return "all checks passed" if report.passed else "failed: " + "; ".join(failed_items(report) or ["see below"])
 
 
+def emulated_hardware_line(environment: Environment) -> str | None:
+    """The headline's warning that the hardware was emulated (facts read under a root prefix), or None."""
+    if not environment.hardware_root:
+        return None
+    return (f"Hardware: emulated (GPU facts read from the sysfs tree under {environment.hardware_root}; kernel and "
+            "firmware values are the fixture's)")
+
+
+def firmware_line(environment: Environment) -> str | None:
+    """GuC and HuC versions, each saying where it came from: "GuC 70.54.0 (loaded), HuC 8.2.10 (file)"."""
+    parts = [f"{name} {value}" for name, value in (("GuC", environment.xe_guc_firmware),
+                                                   ("HuC", environment.xe_huc_firmware)) if value]
+    return ", ".join(parts) or None
+
+
 def render_markdown(report: Report, recipe: Recipe) -> str:
     env = report.environment
     spec = recipe.serve.speculative
     status = status_line(report)
     met = sum(v.verdict == "met" for v in report.verdicts)
+    emulated = emulated_hardware_line(env)
     lines = [
         f"# Replication report: {recipe.name}", "",
         f"**{status}.** Claims met: {met} of {len(report.verdicts)}.", "",
     ]
+    if emulated:
+        lines += [f"**{emulated}.**", ""]
     if report.throughput is not None and report.throughput.workloads:
         lines += summary_table(report) + [""]
     lines += [
@@ -172,8 +190,11 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
         f"- Serve: TP={recipe.serve.tensor_parallel_size}, dtype {recipe.serve.dtype}, max_model_len "
         f"{recipe.serve.max_model_len}",
     ]
+    fixtures = " (emulated: the fixture's)" if emulated else ""
+    kernel, firmware = env.kernel, firmware_line(env)
     for label, value in (("Host", env.hostname), ("Appliance hash", env.appliance_hash),
-                         ("Image", env.image_digest), ("Kernel", env.kernel),
+                         ("Image", env.image_digest), ("Kernel", kernel and kernel + fixtures),
+                         ("Firmware", firmware and firmware + fixtures),
                          # gpu_model counts per model already ("2x B70"): the count is not printed twice
                          ("GPUs", env.gpu_model), ("P2P profile", env.p2p_profile)):
         if value:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_SCHEMA_VERSION = 2
+REPORT_SCHEMA_VERSION = 3
 
 Verdict = Literal["met", "not_met", "not_measured"]
 
@@ -242,11 +242,14 @@ class Environment(Model):
     p2p_profile: str | None = None
     served_speculative_positions: int | None = Field(None, description="k as the server's /metrics shows it")
     serve_command: str | None = Field(None, description="The host's rendered vLLM command line, when known")
+    hardware_root: str | None = Field(
+        None, description="Set when the GPU facts were read under a root prefix other than /: the hardware was "
+                          "emulated (a fixture's sysfs tree there), and kernel and firmware are the fixture's")
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
 class Report(Model):
-    schema_version: Literal[2] = REPORT_SCHEMA_VERSION
+    schema_version: Literal[3] = REPORT_SCHEMA_VERSION
     tool_version: str
     recipe: str
     endpoint: str
