@@ -9,13 +9,16 @@ import os
 import re
 import sys
 from dataclasses import replace
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput
 from b70ctl.recipes import load_recipe, recipe_names
 from b70ctl.report.verdict import describe_bound
@@ -23,7 +26,7 @@ from b70ctl.report.verdict import describe_bound
 if TYPE_CHECKING:
     from b70ctl.checks.client import Endpoint
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__,
+app = typer.Typer(no_args_is_help=True, help=__doc__,
                   context_settings={"help_option_names": ["-h", "--help"]})
 recipes_app = typer.Typer(no_args_is_help=True, help="The recipes b70ctl ships.")
 app.add_typer(recipes_app, name="recipes")
@@ -55,7 +58,7 @@ def _options(version: Annotated[bool, typer.Option(
 
 def fail(message: str, code: int = 2) -> None:
     """One line on stderr and the exit code; never a traceback for a user's mistake."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -97,11 +100,23 @@ def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name or path t
     out.print(table)
 
 
+# Read in this order when no --api-key-file is given: b70ctl's own, then the key a vLLM server is started with, then
+# the one `vllm bench serve` and OpenAI clients send.
+API_KEY_VARIABLES = ("B70CTL_API_KEY", "VLLM_API_KEY", "OPENAI_API_KEY")
+
+
 def read_api_key(api_key_file: Path | None) -> str | None:
-    """The API key from a file (mode 0600 recommended) or B70CTL_API_KEY; never from argv, never printed."""
+    """The API key from a file (mode 0600 recommended), else from the first of API_KEY_VARIABLES that is set; never
+    from argv, never printed."""
     if api_key_file is None:
-        key = os.environ.get("B70CTL_API_KEY") or None
-        return None if key is None else checked_api_key(key.strip(), "B70CTL_API_KEY")
+        for name in API_KEY_VARIABLES:
+            key = (os.environ.get(name) or "").strip()
+            if key:
+                if name != API_KEY_VARIABLES[0]:
+                    # A key borrowed from another tool's variable is sent to the endpoint: say so (never the key).
+                    console.print(f"using the API key in ${name}", highlight=False)
+                return checked_api_key(key, name)
+        return None
     try:
         key = api_key_file.read_text(encoding="utf-8").strip()
     except UnicodeDecodeError as error:
@@ -149,26 +164,36 @@ def endpoint_of(url: str, option: str, **settings: object) -> Endpoint:
                     basic_auth=basic_auth, **settings)  # type: ignore[arg-type]
 
 
+class Check(str, Enum):
+    smoke = "smoke"
+    correctness = "correctness"
+    throughput = "throughput"
+
+
 @app.command()
 def verify(
-    endpoint: Annotated[str, typer.Option(help="Base URL of the vLLM server to check, e.g. http://host:8000")],
+    endpoint: Annotated[str, typer.Option(
+        "--endpoint", "--base-url", help="Base URL of the vLLM server to check, e.g. http://host:8000")],
     recipe: Annotated[str, typer.Option(help="Recipe name (b70ctl recipes list) or recipe file")],
     out: Annotated[Path | None, typer.Option(help="Directory for report.json, report.md and raw/")] = None,
-    baseline_endpoint: Annotated[str | None, typer.Option(help="Target-only server of the same model")] = None,
+    baseline_endpoint: Annotated[str | None, typer.Option(
+        "--baseline-endpoint", "--baseline-base-url", help="Target-only server of the same model")] = None,
     reference: Annotated[Path | None, typer.Option(help="Stored greedy reference (instead of a baseline)")] = None,
     record_reference: Annotated[Path | None, typer.Option(
         help="Record the endpoint's greedy outputs as a reference FILE and exit")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name, if not the recipe's")] = None,
-    api_key_file: Annotated[Path | None, typer.Option(help="File holding the API key (else $B70CTL_API_KEY)")] = None,
+    api_key_file: Annotated[Path | None, typer.Option(
+        help="File holding the API key (else $B70CTL_API_KEY, $VLLM_API_KEY or $OPENAI_API_KEY, the first set)")] = None,
     host_facts: Annotated[Path | None, typer.Option(help="Host facts JSON to record in the report")] = None,
     host: Annotated[str | None, typer.Option(
         help="Name of the verified host in the reports (default: from --host-facts, else the report's directory)")] = None,
-    check: Annotated[list[str] | None, typer.Option(
-        help="Run only these checks: smoke, correctness, throughput (repeatable)")] = None,
+    check: Annotated[list[str] | None, choice_option(
+        Check, "--check", "Run only these checks (repeatable; default all)", unknown="check")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a request may stall before it fails")] = 120.0,
     max_answer_mb: Annotated[float, typer.Option(
         help="Most MiB read from one answer; a larger one fails its request, saying so")] = 64.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print report.json to stdout")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print report.json to stdout (with --record-reference: what was recorded)")] = False,
 ) -> None:
     """Smoke, greedy correctness and throughput checks against a vLLM endpoint, with a verdict per claim.
 
@@ -195,14 +220,14 @@ def verify(
 
             require_reachable(client, "endpoint")
             saved = record(client, loaded, record_reference)
-        console.print(f"recorded {len(saved.outputs)} greedy outputs to {record_reference}")
+        if as_json:
+            print_json({"reference": str(record_reference), "recipe": loaded.name, "outputs": len(saved.outputs)})
+        else:
+            print(f"recorded {len(saved.outputs)} greedy outputs to {record_reference}")
         return
     if out is None:
         fail("--out DIR is required: the directory for report.json, report.md and raw/")
-    checks = tuple(check or ("smoke", "correctness", "throughput"))
-    unknown = set(checks) - {"smoke", "correctness", "throughput"}
-    if unknown:
-        fail(f"--check {sorted(unknown)[0]}: unknown check; choose smoke, correctness or throughput")
+    checks = tuple(dict.fromkeys(check or [member.value for member in Check]))
     request = VerifyRequest(
         recipe=loaded, endpoint=target, out_dir=out,
         baseline_endpoint=baseline,
@@ -219,8 +244,7 @@ def verify(
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
-        render_verdicts(report)
-        console.print(f"report: {out / 'report.md'}")
+        render_verdicts(report, out)
     raise typer.Exit(0 if report.passed else 1)
 
 
@@ -237,12 +261,12 @@ def demo(
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
-        render_verdicts(report)
-        console.print(f"report: {out / 'report.md'}")
+        render_verdicts(report, out)
     raise typer.Exit(0 if report.passed else 1)
 
 
-def render_verdicts(report) -> None:
+def render_verdicts(report, out_dir: Path) -> None:
+    """The verdicts for people, on stdout (`| tee` keeps them); progress and warnings stay on stderr."""
     table = Table("claim", "required", "measured", "verdict", title=f"{report.recipe} @ {report.endpoint}")
     styles = {"met": "green", "not_met": "red", "not_measured": "yellow"}
     for verdict in report.verdicts:
@@ -251,11 +275,13 @@ def render_verdicts(report) -> None:
                  else f"{measured:.3g}" if measured is not None else "-")
         table.add_row(verdict.description, verdict.bound, shown,
                       f"[{styles[verdict.verdict]}]{verdict.verdict}[/]" + (f" ({verdict.reason})" if verdict.reason else ""))
-    Console(stderr=True).print(table)
+    out = Console()
+    out.print(table)
     checks = [(name, result) for name, result in (("smoke", report.smoke), ("correctness", report.correctness),
                                                   ("throughput", report.throughput)) if result is not None]
-    console.print("checks: " + ", ".join(f"{name} {'passed' if result.passed else 'FAILED'}" for name, result in checks)
-                  + (" — PARTIAL" if report.partial else ""))
+    out.print("checks: " + ", ".join(f"{name} {'passed' if result.passed else 'FAILED'}" for name, result in checks)
+              + (" — PARTIAL" if report.partial else ""))
+    out.print(f"report: {out_dir / 'report.md'}", highlight=False, soft_wrap=True)  # a path is never cut
 
 
 def main() -> None:
@@ -267,7 +293,8 @@ def main() -> None:
     try:
         app()
     except BadInput as error:
-        console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        # escaped: a message may quote a path or an install hint in brackets ('b70ctl[appliance]')
+        console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         sys.exit(error.exit_code)
     except Exception as error:
         if debug:

@@ -85,6 +85,7 @@ class ScriptedServer(ThreadingHTTPServer):
         self.stop_event = threading.Event()
         self.sent: list[SentStream] = []
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (path, body) of every POST
+        self.authorizations: list[str | None] = []  # the Authorization header of every request
         self.speculates = True
         self.request_histograms = True  # False: a server that exports no per-request timing
         self.first_token_id = 100  # another value makes this server's greedy output differ from a default one
@@ -218,6 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routes ------------------------------------------------------------------------------------------
     def do_GET(self) -> None:
+        self.server.authorizations.append(self.headers.get("Authorization"))
         if self.path == "/health":
             self._send_text(200, "")
         elif self.path == "/v1/models":
@@ -236,6 +238,7 @@ class _Handler(BaseHTTPRequestHandler):
         arrival_s = time.perf_counter()
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         self.server.requests.append((self.path, body))
+        self.server.authorizations.append(self.headers.get("Authorization"))
         if body.get("model") != self.server.model:
             self._model_error(body.get("model"))
             return

@@ -153,7 +153,7 @@ def test_cli_takes_the_version_from_the_recipe_and_exits_2_on_bad_input(models, 
     src, target = models
     dst = tmp_path / "downloaded" / "converted"
     # No --target: the fetch layout puts it beside the drafter (DEST/target, DEST/drafter).
-    done = subprocess.run([B70CTL, "model", "convert", str(src), str(dst), "--recipe", "dspark-int4-tp1"],
+    done = subprocess.run([B70CTL, "model", "convert", str(src), str(dst), "--recipe", "dspark-int4-tp1", "--json"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["vllm_version"] == "0.29.0"

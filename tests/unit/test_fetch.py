@@ -139,16 +139,23 @@ def test_lock_check_cli_prints_drift_json_and_exits_1(locked, tmp_path):
     recipe, lock, recipe_file = locked
     dest = tmp_path / "models"
     fetch(recipe, lock, dest)
-    ok = subprocess.run([B70CTL, "lock", "check", "--recipe", str(recipe_file), "--models-dir", str(dest)],
+    ok = subprocess.run([B70CTL, "lock", "check", "--recipe", str(recipe_file), "--models-dir", str(dest), "--json"],
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["ok"] is True
     (dest / "target" / "config.json").write_text("{}")
-    drifted = subprocess.run([B70CTL, "lock", "check", "--recipe", str(recipe_file), "--models-dir", str(dest)],
-                             capture_output=True, text=True)
+    drifted = subprocess.run([B70CTL, "lock", "check", "--recipe", str(recipe_file), "--models-dir", str(dest),
+                              "--json"], capture_output=True, text=True)
     assert drifted.returncode == 1
     report = json.loads(drifted.stdout)
     assert [(d["component"], d["path"], d["kind"]) for d in report["drift"]] == [("target", "config.json", "size")]
+    # Without --json the same drift, for people.
+    people = subprocess.run([B70CTL, "lock", "check", "--recipe", str(recipe_file), "--models-dir", str(dest)],
+                            capture_output=True, text=True)
+    assert people.returncode == 1
+    lines = people.stdout.splitlines()
+    assert lines[1].startswith("  drift size: target/config.json (expected ") and lines[-1] == (
+        "DRIFT: 1 difference(s) from the lock")
 
 
 def test_wrong_revision_fails_naming_it(locked, tmp_path):
@@ -185,7 +192,7 @@ def _fetch_in_child(recipe_file: Path, dest: Path, env: dict[str, str], file_siz
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
 
-    return subprocess.run([B70CTL, "model", "fetch", "--recipe", str(recipe_file), "--dest", str(dest)],
+    return subprocess.run([B70CTL, "model", "fetch", "--recipe", str(recipe_file), "--dest", str(dest), "--json"],
                           capture_output=True, text=True, env=env, preexec_fn=limit)
 
 

@@ -20,7 +20,8 @@ def test_all_met_exits_0_and_writes_three_files(tmp_path):
         write_host(tmp_path / "reports", f"h{index}", make_report("cpu-tiny", f"h{index}"))
     result = b70ctl("fleet", "report", str(tmp_path / "reports"), "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
-    assert "3 of 3 hosts met every claim" in result.stderr
+    # The summary is the command's output for people: stdout, so `| tee` keeps it.
+    assert "3 of 3 hosts met every claim" in result.stdout and "hosts met every claim" not in result.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fleet.html", "fleet.json", "fleet.md"]
 
 
@@ -41,7 +42,7 @@ def test_corrupt_report_exits_1_and_is_named(tmp_path):
     write_host(tmp_path / "reports", "broken").joinpath("report.json").write_text('{"schema_version": 1, "rec')
     result = b70ctl("fleet", "report", str(tmp_path / "reports"), "--out", str(tmp_path / "out"))
     assert result.returncode == 1
-    assert "truncated (excluded): " in result.stderr and "broken/report.json" in result.stderr
+    assert "truncated (excluded): " in result.stdout and "broken/report.json" in result.stdout
 
 
 def test_missing_or_empty_reports_dir_exits_2_with_one_line(tmp_path):

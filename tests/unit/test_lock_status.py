@@ -16,7 +16,7 @@ DATA = REPO / "control" / "b70ctl" / "recipes" / "data"
 
 
 def _status(*args: str) -> tuple[int, dict]:
-    result = CliRunner().invoke(app, ["lock", "status", *args])
+    result = CliRunner().invoke(app, ["lock", "status", *args, "--json"])
     return result.exit_code, json.loads(result.stdout)
 
 
@@ -55,3 +55,11 @@ def test_a_resolved_lock_passes():
     code, status = _status("--recipe", "cpu-tiny")
     assert code == 0
     assert status == {**status, "resolved": True, "ok": True, "unresolved": [], "resolve_command": None}
+
+
+def test_without_json_the_message_is_for_people():
+    result = CliRunner().invoke(app, ["lock", "status", "--recipe", "pr620-fp8-tp2"])
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("lock ") and "is NOT resolved" in lines[0]
+    assert [line.split(":")[0] for line in lines[1:]] == ["  image", "  target", "  drafter"]

@@ -179,11 +179,11 @@ def test_gpu_shortage_names_what_the_host_has(tmp_path: Path) -> None:
 
 
 def test_cli_fit_exit_codes(tmp_path: Path) -> None:
-    good = CliRunner().invoke(app, ["host", "fit", "pr620-fp8-tp2", "--root", build_tree(tmp_path, "b70x2-switch"),
-                                    "--json"])
+    good = CliRunner().invoke(app, ["host", "fit", "--recipe", "pr620-fp8-tp2", "--root",
+                                    build_tree(tmp_path, "b70x2-switch"), "--json"])
     assert good.exit_code == 0, good.output
     assert json.loads(good.stdout)["fits"] is True
-    bad = CliRunner().invoke(app, ["host", "fit", "pr620-fp8-tp2", "--root", build_tree(tmp_path, "b70-igpu"),
-                                   "--json"])
+    bad = CliRunner().invoke(app, ["host", "fit", "--recipe", "pr620-fp8-tp2", "--root",
+                                   build_tree(tmp_path, "b70-igpu"), "--json"])
     assert bad.exit_code == 1
     assert json.loads(bad.stdout)["ram"]["fits"] is False

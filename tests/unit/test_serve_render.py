@@ -331,7 +331,7 @@ def test_serve_render_cli_prints_the_rendered_command(tmp_path: Path) -> None:
                                   "--probe", "never", "--write", "--json"])
     assert written.exit_code == 0, written.output
     path = Path(root) / TOPOLOGY_PATH.lstrip("/")
-    result = runner.invoke(app, ["serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", str(path)])
+    result = runner.invoke(app, ["serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", str(path), "--json"])
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout)
     assert set(printed) == {"argv", "env", "docker_args"}

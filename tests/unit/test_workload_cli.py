@@ -4,6 +4,7 @@ host environment and host fit from a host's facts, and the standalone tiny-model
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
               "compute_runtime": "26.14.37833.4-1~24.04~ppa1",
               "serve": {"argv": ["--model", "/models/target", "--speculative-config", '{"k": 4}'],
                         "env": {"ZE_AFFINITY_MASK": "0,1", "CCL_TOPO_P2P_ACCESS": "1"}}}
-    result = invoke("host", "environment", "--recipe", "pr620-fp8-tp2", stdin=json.dumps(bundle))
+    result = invoke("host", "environment", "--recipe", "pr620-fp8-tp2", "--json", stdin=json.dumps(bundle))
     assert result.exit_code == 0, result.output
     environment = json.loads(result.stdout)
     recipe, lock, _ = load_recipe_and_lock("pr620-fp8-tp2", None)
@@ -72,21 +73,24 @@ def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
 
 
 def test_host_environment_of_a_bare_host_and_bad_input() -> None:
-    result = invoke("host", "environment", "--recipe", "cpu-tiny", stdin=json.dumps({"hostname": "h"}))
+    result = invoke("host", "environment", "--recipe", "cpu-tiny", "--json", stdin=json.dumps({"hostname": "h"}))
     assert result.exit_code == 0 and json.loads(result.stdout)["hostname"] == "h"
+    people = invoke("host", "environment", "--recipe", "cpu-tiny", stdin=json.dumps({"hostname": "h"}))
+    assert people.exit_code == 0 and "hostname: h" in people.stdout.splitlines()
     bad = invoke("host", "environment", "--recipe", "cpu-tiny", stdin=json.dumps({"facts": [1]}))
     assert bad.exit_code == 2 and "host bundle on stdin is invalid" in bad.output
 
 
 def test_host_fit_reads_another_hosts_facts_from_stdin(p2p_host) -> None:
     facts, _ = p2p_host
-    fits = invoke("host", "fit", "pr620-fp8-tp2", "--facts", "-", "--json", stdin=json.dumps(facts))
+    fits = invoke("host", "fit", "--recipe", "pr620-fp8-tp2", "--facts", "-", "--json", stdin=json.dumps(facts))
     assert fits.exit_code == 0, fits.output
     assert json.loads(fits.stdout)["fits"] is True
     one_card = dict(facts, gpus=facts["gpus"][:1], gpu_count=1)
-    refused = invoke("host", "fit", "pr620-fp8-tp2", "--facts", "-", "--json", stdin=json.dumps(one_card))
+    refused = invoke("host", "fit", "--recipe", "pr620-fp8-tp2", "--facts", "-", "--json",
+                     stdin=json.dumps(one_card))
     assert refused.exit_code == 1 and json.loads(refused.stdout)["fits"] is False
-    garbage = invoke("host", "fit", "pr620-fp8-tp2", "--facts", "-", stdin="{not json")
+    garbage = invoke("host", "fit", "--recipe", "pr620-fp8-tp2", "--facts", "-", stdin="{not json")
     assert garbage.exit_code == 2 and "give the output of `b70ctl host facts --json`" in garbage.output
 
 
@@ -94,9 +98,9 @@ def test_serve_render_takes_the_topology_on_stdin_and_site_env(p2p_host, tmp_pat
     _, topology_text = p2p_host
     path = tmp_path / "topology.json"
     path.write_text(topology_text)
-    from_file = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", str(path))
+    from_file = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", str(path), "--json")
     from_stdin = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", "-", "--env", "SITE_X=1=2",
-                        stdin=topology_text)
+                        "--json", stdin=topology_text)
     assert from_file.exit_code == 0 and from_stdin.exit_code == 0, from_stdin.output
     file_command, stdin_command = json.loads(from_file.stdout), json.loads(from_stdin.stdout)
     assert stdin_command["env"] == {**file_command["env"], "SITE_X": "1=2"}
@@ -108,10 +112,15 @@ def test_serve_render_takes_the_topology_on_stdin_and_site_env(p2p_host, tmp_pat
 
 
 def test_serve_render_cpu_container_options() -> None:
-    result = invoke("serve", "render", "--recipe", "cpu-tiny", "--drafter-dir", "/models/draft-perturbed")
+    result = invoke("serve", "render", "--recipe", "cpu-tiny", "--drafter-dir", "/models/draft-perturbed", "--json")
     command = json.loads(result.stdout)
     assert command["docker_args"] == ["--network", "host", "--shm-size", "1g"]
     assert '"model":"/models/draft-perturbed"' in command["argv"][-1]
+    # Without --json: the same, shell-quoted for people.
+    people = invoke("serve", "render", "--recipe", "cpu-tiny", "--drafter-dir", "/models/draft-perturbed")
+    lines = people.stdout.splitlines()
+    assert lines[lines.index("server arguments:") + 1] == "  " + shlex.join(command["argv"])
+    assert lines[lines.index("docker run options:") + 1] == "  --network host --shm-size 1g"
 
 
 def test_image_provide_refuses_an_unresolved_lock() -> None:
@@ -198,8 +207,8 @@ def test_serve_render_refuses_site_env_the_recipe_rules_reject(p2p_host) -> None
     assert "dspark-int4-tp1" in refused.output and "Model Runner V2" in refused.output
     assert len(refused.output.strip().splitlines()) == 1
     allowed = invoke("serve", "render", "--recipe", "dspark-int4-tp1", "--topology", "-",
-                     "--env", "VLLM_USE_V2_MODEL_RUNNER=1", stdin=topology_text)
+                     "--env", "VLLM_USE_V2_MODEL_RUNNER=1", "--json", stdin=topology_text)
     assert allowed.exit_code == 0 and json.loads(allowed.stdout)["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     route_a = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", "-",
-                     "--env", "VLLM_USE_V2_MODEL_RUNNER=0", stdin=topology_text)
+                     "--env", "VLLM_USE_V2_MODEL_RUNNER=0", "--json", stdin=topology_text)
     assert route_a.exit_code == 0 and json.loads(route_a.stdout)["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "0"

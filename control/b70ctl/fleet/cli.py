@@ -27,7 +27,7 @@ def exit_code(report: FleetReport) -> int:
 
 
 def _print_summary(report: FleetReport, paths: dict[str, Path]) -> None:
-    out = Console(stderr=True, highlight=False)
+    out = Console(highlight=False)  # stdout: the command's output for people (`| tee` keeps it)
     summary = report.summary
     style = "green" if report.all_met else "red"
     out.print(f"[bold {style}]{summary.all_claims_met} of {summary.hosts} hosts met every claim[/]  "

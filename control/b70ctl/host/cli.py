@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+from enum import Enum
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput
 from b70ctl.host.facts import collect_facts
 from b70ctl.host.memory import KV_CACHE_GIB_MIN, host_fit
@@ -24,6 +27,13 @@ from b70ctl.host.topology import PROFILE_CHOICES, TOPOLOGY_PATH, topology
 from b70ctl.recipes import load_recipe
 
 app = typer.Typer(no_args_is_help=True, help="Host hardware: GPU inventory, PCIe P2P topology, memory fit.")
+
+Profile = Enum("Profile", {name: name for name in PROFILE_CHOICES}, type=str)  # type: ignore[misc]
+
+
+class Probe(str, Enum):
+    auto = "auto"  # ask the Level Zero loader when it is installed
+    never = "never"
 
 RootOption = Annotated[str, typer.Option("--root", help="Root prefix of the sysfs/procfs tree to read")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON")]
@@ -74,20 +84,16 @@ def facts_command(root: RootOption = "/", as_json: JsonOption = False) -> None:
 @app.command("topology")
 def topology_command(
     root: RootOption = "/",
-    profile: Annotated[str, typer.Option("--profile", help="auto, or force p2p / no-p2p for this host")] = "auto",
+    profile: Annotated[str, choice_option(Profile, "--profile", "auto, or force p2p / no-p2p for this host")] = "auto",
     tensor_parallel_size: Annotated[int | None, typer.Option(
         "--tensor-parallel-size", min=1, help="GPUs in the tensor-parallel group (default: all usable)")] = None,
-    probe: Annotated[str, typer.Option("--probe", help="auto: ask the Level Zero loader when installed; never")] =
+    probe: Annotated[str, choice_option(Probe, "--probe", "auto: ask the Level Zero loader when installed; never")] =
         "auto",
     write: Annotated[bool, typer.Option("--write", help=f"Write <root>{TOPOLOGY_PATH}")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """PCIe P2P per GPU pair and the oneCCL profile (p2p / no-p2p) for the tensor-parallel group."""
     _check_root(root)
-    if profile not in PROFILE_CHOICES:
-        raise BadInput(f"--profile {profile!r}: choose one of {', '.join(PROFILE_CHOICES)}")
-    if probe not in ("auto", "never"):
-        raise BadInput(f"--probe {probe!r}: choose auto or never")
     result = topology(root, tensor_parallel_size, profile, probe, write)
     if as_json:
         _print_json(result)
@@ -109,7 +115,10 @@ def topology_command(
 
 @app.command("fit")
 def fit_command(
-    recipe: Annotated[str, typer.Argument(help="Recipe name or path to a recipe file")],
+    recipe_argument: Annotated[str | None, typer.Argument(
+        metavar="[RECIPE]", show_default=False, help="Deprecated: give --recipe instead")] = None,
+    recipe: Annotated[str | None, typer.Option(
+        "--recipe", show_default=False, help="Recipe name or path to a recipe file")] = None,
     root: RootOption = "/",
     facts: Annotated[str | None, typer.Option(
         "--facts", help="Read the host's facts from this file (or - for stdin) instead of under --root")] = None,
@@ -117,7 +126,17 @@ def fit_command(
         KV_CACHE_GIB_MIN,
     as_json: JsonOption = False,
 ) -> None:
-    """Does RECIPE fit this host: GPU count and ids, per-card VRAM budget, host RAM. Exit 1 when it does not."""
+    """Does the recipe fit this host: GPU count and ids, per-card VRAM budget, host RAM. Exit 1 when it does not."""
+    if recipe_argument is not None:
+        if recipe is not None:
+            raise BadInput(f"the recipe is given twice ({recipe_argument!r} and --recipe {recipe!r}): give --recipe "
+                           "alone")
+        Console(stderr=True).print(f"[yellow]warning:[/] `b70ctl host fit RECIPE` is deprecated and will be "
+                                   f"removed: write `b70ctl host fit --recipe {escape(recipe_argument)}`",
+                                   highlight=False, soft_wrap=True)
+        recipe = recipe_argument
+    if recipe is None:
+        raise BadInput("no recipe: give --recipe NAME (b70ctl recipes list) or --recipe FILE")
     if facts is None:
         _check_root(root)
     result = host_fit(load_recipe(recipe), load_facts(facts).model_dump() if facts else collect_facts(root),
@@ -136,6 +155,7 @@ def fit_command(
 @app.command("environment")
 def environment_command(
     recipe: Annotated[str, typer.Option(help="Recipe name or path to a recipe file")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print host_facts.json (what the role writes)")] = False,
 ) -> None:
     """Read a host bundle (JSON on stdin: hostname, facts, topology, image, models, compute_runtime) and print the
     host_facts.json `b70ctl verify --host-facts` and the fleet report read."""
@@ -151,4 +171,10 @@ def environment_command(
                        "pipe in the JSON the replication_check role collects") from error
     recipe_model, lock_model, _ = load_recipe_and_lock(recipe, None)
     environment = host_environment(bundle, recipe_model, lock_model)
-    _print_json(environment.model_dump(mode="json", exclude={"extra", "served_model"}, exclude_none=True))
+    document = environment.model_dump(mode="json", exclude={"extra", "served_model"}, exclude_none=True)
+    if as_json:
+        _print_json(document)
+        return
+    out = Console(highlight=False, markup=False, soft_wrap=True)
+    for key, value in document.items():
+        out.print(f"{key}: {value if isinstance(value, (str, int, float)) else json.dumps(value)}")

@@ -181,22 +181,32 @@ def provide(
     lock: Annotated[Path | None, typer.Option(help="Lock file (default: beside the recipe)")] = None,
     base: Annotated[str | None, typer.Option(
         help="Build FROM this image instead of the lock's base: name@sha256:<digest> or a local image id")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (what the dspark_image role reads)")] = False,
 ) -> None:
-    """What the dspark_image role installs on each host, as JSON: the locked name@digest to pull (source pull), or
-    the image built here once for the whole fleet and saved as an archive named by its id (source build)."""
+    """What the dspark_image role installs on each host: the locked name@digest to pull (source pull), or the image
+    built here once for the whole fleet and saved as an archive named by its id (source build)."""
     recipe_model, lock_model, _ = load_recipe_and_lock(recipe, lock)
     if recipe_model.image.source == "pull":
         require_resolved(lock_model, ("image",))
         name = recipe_model.image.reference
-        _print_json({"recipe": recipe_model.name, "source": "pull", "reference": f"{name}@{lock_model.image.digest}",
-                     "digest": lock_model.image.digest, "tag": recipe_model.image.tag,
-                     "vllm_version": recipe_model.vllm_version})
-        return
-    client = _docker_client()
-    plan, image_id = _built_image(recipe_model, lock_model, base, False, client)
-    archive = save_archive(client, image_id, archive_dir or default_archive_dir(), lambda line: err.print(line, highlight=False))
-    _print_json({"recipe": recipe_model.name, "source": "build", "reference": plan.image_tag, "id": image_id,
-                 "archive": str(archive), "labels": plan.expected_labels(), "vllm_version": plan.vllm_version})
+        provided = {"recipe": recipe_model.name, "source": "pull", "reference": f"{name}@{lock_model.image.digest}",
+                    "digest": lock_model.image.digest, "tag": recipe_model.image.tag,
+                    "vllm_version": recipe_model.vllm_version}
+    else:
+        client = _docker_client()
+        plan, image_id = _built_image(recipe_model, lock_model, base, False, client)
+        archive = save_archive(client, image_id, archive_dir or default_archive_dir(),
+                               lambda line: err.print(line, highlight=False))
+        provided = {"recipe": recipe_model.name, "source": "build", "reference": plan.image_tag, "id": image_id,
+                    "archive": str(archive), "labels": plan.expected_labels(), "vllm_version": plan.vllm_version}
+    if as_json:
+        _print_json(provided)
+    elif provided["source"] == "pull":
+        Console(highlight=False).print(f"{provided['recipe']}: pull {provided['reference']} (vLLM "
+                                       f"{provided['vllm_version']})")
+    else:
+        Console(highlight=False).print(f"{provided['recipe']}: built {provided['reference']} ({provided['id']}), "
+                                       f"saved to {provided['archive']} (vLLM {provided['vllm_version']})")
 
 
 @app.command("inspect")

@@ -44,12 +44,12 @@ def resolve_command(
     if as_json:
         _print_json(result)
     else:
+        out = Console(highlight=False, markup=False, soft_wrap=True)
         state = "resolved" if outcome.lock.resolved else "NOT resolved"
-        console.print(f"{outcome.lock_path}: {state}, {'written' if outcome.written else 'unchanged'}",
-                      highlight=False)
+        out.print(f"{outcome.lock_path}: {state}, {'written' if outcome.written else 'unchanged'}")
         for change in outcome.changes:
-            console.print(f"  {change}", highlight=False)
-        Console().print(result["appliance_hash"], highlight=False)
+            out.print(f"  {change}")
+        out.print(result["appliance_hash"])
     if outcome.unresolved and not offline:
         first_name, first_reason = next(iter(outcome.unresolved.items()))
         kept = " (the resolved lock on disk was kept)" if outcome.kept_previous else ""
@@ -83,8 +83,9 @@ def check_command(
         "--image-digest", help="Digest of the installed image (pulled images)")] = None,
     image_base_digest: Annotated[Optional[str], typer.Option(
         "--image-base-digest", help="Base digest label of the installed image (built images)")] = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Compare what is installed with the lock; print the drift as JSON. Exit 1 on drift."""
+    """Compare what is installed with the lock and list the drift. Exit 1 on drift."""
     for option, digest in (("--image-digest", image_digest), ("--image-base-digest", image_base_digest)):
         if digest is not None and not DIGEST_PATTERN.match(digest):
             raise BadInput(f"{option} {digest!r} is not a sha256 digest (sha256: and 64 hex digits): give the "
@@ -100,7 +101,19 @@ def check_command(
     if not dirs and image_digest is None and image_base_digest is None:
         raise BadInput("nothing to check: give --models-dir, --target-dir/--drafter-dir or --image-digest")
     report = check_installed(loaded, locked, dirs, image_digest, image_base_digest)
-    _print_json(report.model_dump(mode="json"))
+    if as_json:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        out = Console(highlight=False, markup=False, soft_wrap=True)
+        out.print(f"{report.recipe}: checked {', '.join(report.checked) or 'nothing'} against the lock "
+                  f"(appliance hash {report.appliance_hash}{'' if report.lock_resolved else ', lock NOT resolved'})")
+        for drift in report.drift:
+            where = f"{drift.component}/{drift.path}" if drift.path else drift.component
+            detail = ", ".join(f"{name} {value}" for name, value in (("expected", drift.expected),
+                                                                     ("actual", drift.actual)) if value)
+            out.print(f"  drift {drift.kind}: {where}" + (f" ({detail})" if detail else ""))
+        out.print("ok: what is installed matches the lock" if report.ok else
+                  f"DRIFT: {len(report.drift)} difference(s) from the lock")
     if not report.ok:
         raise typer.Exit(1)
 
@@ -111,13 +124,20 @@ def status_command(
     lock: LockOption = None,
     allow_unresolved: Annotated[bool, typer.Option(
         "--allow-unresolved", help="Exit 0 on an unresolved lock (the message still says it is unresolved)")] = False,
+    as_json: JsonOption = False,
 ) -> None:
-    """Print as JSON whether the recipe's lock is resolved; if not, the command that resolves it and the network it
-    needs. Exit 1 on an unresolved lock unless --allow-unresolved."""
+    """Say whether the recipe's lock is resolved; if not, the command that resolves it and the network it needs.
+    Exit 1 on an unresolved lock unless --allow-unresolved."""
     from b70ctl.lock.status import lock_status
 
     loaded, locked, path = load_recipe_and_lock(recipe, lock)
     result = lock_status(loaded, locked, path, recipe, allow_unresolved)
-    _print_json(result)
+    if as_json:
+        _print_json(result)
+    else:
+        out = Console(highlight=False, markup=False, soft_wrap=True)
+        out.print(result["message"])
+        for part in result["unresolved"]:
+            out.print(f"  {part['part']}: {part['reason']} (needs {part['network']})")
     if not result["ok"]:
         raise typer.Exit(1)

@@ -4,47 +4,81 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich.console import Console
 
+from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput
 from b70ctl.lock.model import load_recipe_and_lock
 from b70ctl.recipes import load_recipe
 
+if TYPE_CHECKING:  # the fetch module is imported by the commands that use it
+    from b70ctl.models.fetch import FetchResult
+
 app = typer.Typer(no_args_is_help=True, help="Model store: fetch (verified), cache, convert.")
+
+
+class FetchSource(str, Enum):
+    hub = "hub"  # download from the Hugging Face hub (HF_ENDPOINT)
+    cache = "cache"  # a Hugging Face cache the controller filled (b70ctl model cache)
+    local = "local"  # a directory holding target/ and drafter/
 
 RecipeOption = Annotated[str, typer.Option("--recipe", help="Recipe name or path to a recipe file")]
 LockOption = Annotated[Optional[Path], typer.Option("--lock", help="Lock file (default: beside the recipe)")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (with `changed`)")]
 
 
 def _print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
+def _out() -> Console:
+    return Console(highlight=False, markup=False, soft_wrap=True)
+
+
+def _show_fetch(result: FetchResult, as_json: bool) -> None:
+    if as_json:
+        _print_json(result.model_dump(mode="json"))
+        return
+    out = _out()
+    for model in result.models:
+        actions: dict[str, int] = {}
+        for file in model.files:
+            actions[file.action] = actions.get(file.action, 0) + 1
+        done = ", ".join(f"{count} {action}" for action, count in sorted(actions.items())) or "no files"
+        revision = f"@{model.revision[:12]}" if model.revision else ""
+        out.print(f"{model.role}{revision}: {model.path} ({done}){'' if model.changed else ', unchanged'}")
+    for failure in result.quarantined:
+        out.print(f"  FAILED {failure.role}/{failure.path}: {failure.reason}"
+                  + (f" (quarantined at {failure.quarantined_at})" if failure.quarantined_at else ""))
+    out.print(f"{result.recipe} from {result.source} into {result.dest}: {'changed' if result.changed else 'unchanged'}")
+
+
 @app.command("fetch")
 def fetch_command(
     recipe: RecipeOption,
     dest: Annotated[Path, typer.Option("--dest", help="Directory to hold target/ and drafter/")],
-    source: Annotated[str, typer.Option("--source", help="hub | cache | local")] = "hub",
+    source: Annotated[str, choice_option(FetchSource, "--source", "Where the files come from")] = "hub",
     source_dir: Annotated[Optional[Path], typer.Option(
         "--source-dir", help="The cache (Hugging Face cache layout) or local directory (target/, drafter/)")] = None,
     lock: LockOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Download (or link from a cache/local source) the target and drafter at the LOCKED revision, verify every
-    file's sha256, quarantine mismatches. Prints JSON with `changed`."""
+    file's sha256, quarantine mismatches."""
     from b70ctl.models.fetch import FetchFailed, fetch
 
-    if source not in ("hub", "cache", "local"):
-        raise BadInput(f"--source {source!r}: choose hub, cache or local")
     loaded, locked, _ = load_recipe_and_lock(recipe, lock)
     try:
         result = fetch(loaded, locked, dest, source, source_dir)  # type: ignore[arg-type]
     except FetchFailed as failed:
-        _print_json(failed.result.model_dump(mode="json"))
+        _show_fetch(failed.result, as_json)
         raise
-    _print_json(result.model_dump(mode="json"))
+    _show_fetch(result, as_json)
 
 
 @app.command("cache")
@@ -52,12 +86,20 @@ def cache_command(
     recipe: RecipeOption,
     cache_dir: Annotated[Path, typer.Option("--cache-dir", help="Hugging Face cache directory to fill")],
     lock: LockOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """Controller side: download the locked files once into a cache that hosts fetch from (--source cache)."""
     from b70ctl.models.fetch import fill_cache
 
     _, locked, _ = load_recipe_and_lock(recipe, lock)
-    _print_json(fill_cache(locked, cache_dir))
+    result = fill_cache(locked, cache_dir)
+    if as_json:
+        _print_json(result)
+        return
+    out = _out()
+    for name in result["files"]:
+        out.print(f"  verified {name}")
+    out.print(f"{len(result['files'])} locked file(s) verified in the cache {result['cache_dir']}")
 
 
 @app.command("convert")
@@ -70,6 +112,7 @@ def convert_command(
         "--vllm-version", help="vLLM that will serve it (default: the recipe's)")] = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="Recipe: default vLLM version, "
                                                   "and the source revision from its lock")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Make a DSpark drafter servable by native vLLM: rename the architecture, hoist the fields vLLM reads
     top-level, validate against the target, hard-link the weights, write provenance. Re-running is a no-op."""
@@ -92,4 +135,13 @@ def convert_command(
         if not (target / "config.json").is_file():
             raise BadInput(f"no target beside {src} ({target}/config.json): give --target DIR, the drafter is "
                            "checked against the target it will draft for")
-    _print_json(convert(src, dst, vllm_version, target, source_revision))
+    result = convert(src, dst, vllm_version, target, source_revision)
+    if as_json:
+        _print_json(result)
+        return
+    out = _out()
+    for change in result["changes"]:
+        out.print(f"  {change}")
+    out.print(f"{result['dst']}: servable by vLLM {result['vllm_version']}, "
+              f"{'written' if result['changed'] else 'unchanged'}")
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -73,8 +74,9 @@ def render(
     baseline: Annotated[bool, typer.Option(help="Render the target-only baseline (no speculation)")] = False,
     env: Annotated[list[str] | None, typer.Option(
         help="Extra NAME=VALUE for the server's environment (a site's own setting; repeatable)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"argv", "env", "docker_args"} as JSON')] = False,
 ) -> None:
-    """Print {"argv", "env", "docker_args"} as JSON: the one rendering every consumer uses."""
+    """The server's command line, environment and docker options: the one rendering every consumer uses."""
     site_env = _env_pairs(env or [])
     loaded = _with_site_env(load_recipe(recipe), site_env)
     try:
@@ -88,4 +90,12 @@ def render(
     except ValueError as error:
         raise BadInput(f"{error}: pass --topology /etc/b70/topology.json of a host with enough GPUs, or choose a "
                        "recipe that fits") from error
-    sys.stdout.write(json.dumps(command.model_dump(), indent=2) + "\n")
+    if as_json:
+        sys.stdout.write(json.dumps(command.model_dump(), indent=2) + "\n")
+        return
+    # Shell-quoted, so each part can be pasted: what the unit's env file, ExecStart and docker run hold.
+    lines = ["environment:", *(f"  {name}={shlex.quote(value)}" for name, value in sorted(command.env.items())),
+             "server arguments:", f"  {shlex.join(command.argv)}"]
+    if command.docker_args:
+        lines += ["docker run options:", f"  {shlex.join(command.docker_args)}"]
+    sys.stdout.write("\n".join(lines) + "\n")
