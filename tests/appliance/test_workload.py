@@ -86,7 +86,7 @@ def exec_start_argv(unit_text: str) -> list[str]:
 
 
 def rendered(*extra: str) -> dict:
-    return json.loads(subprocess.run([str(B70CTL), "serve", "render", "--recipe", "cpu-tiny", *extra],
+    return json.loads(subprocess.run([str(B70CTL), "serve", "render", "--json", "--recipe", "cpu-tiny", *extra],
                                      check=True, capture_output=True, text=True).stdout)
 
 
@@ -199,10 +199,24 @@ def test_serving_that_never_becomes_healthy_rolls_back_to_the_last_good(provisio
     wait_until_serving(host.address, 8001)
 
 
+def model_dir_plans(run: PlaybookRun) -> list[dict]:
+    """The b70_model_dir plans of a -v run (one per installed directory), from its JSON results."""
+    section = run.output.split("TASK [model_store : Compare the host's target and drafter with their manifests]")[1]
+    section = section.split("TASK [")[0]
+    return [json.loads(line.split(" => ", 2)[2]) for line in section.splitlines() if line.startswith(("ok:", "changed:"))]
+
+
+def task_items(run: PlaybookRun, task: str) -> list[str]:
+    """The labels of the loop items a task changed."""
+    section = run.output.split(f"TASK [model_store : {task}]")[1].split("TASK [")[0]
+    return sorted(re.findall(r"^changed: \[[^]]+\] => \(item=(\S+)\)", section, re.M))
+
+
 def test_hub_recipe_models_fetched_once_on_the_controller_verified_and_converted(provisioned, hub_env,
                                                                                   tmp_path) -> None:
     """A recipe whose models come from the hub (a local hub-compatible endpoint here): the controller fetches the
-    locked revisions and converts the drafter; the host receives exactly the locked bytes."""
+    locked revisions and converts the drafter; the host receives exactly the locked bytes. A re-run reads no
+    weight, and an interrupted transfer resumes with what it had delivered."""
     appliance, _, _ = provisioned
     host = appliance.host(1)
     remote = on(host.name)
@@ -228,8 +242,29 @@ def test_hub_recipe_models_fetched_once_on_the_controller_verified_and_converted
         models = json.loads(remote.file("/etc/b70/models.json").content_string)
         assert models["target"]["revision"] == lock.target.revision
         assert models["drafter"]["revision"] == lock.drafter.revision
-        again = run_playbook(inventory, playbook="playbooks/models.yml")
+        weight = f"{store}/target/model.safetensors"
+        weight_inode = remote.check_output(f"stat -c %i {weight}")
+        # A no-op re-run compares manifests and file sizes: no weight is hashed (hashed_bytes 0), none is sent.
+        again = run_playbook(inventory, "-v", playbook="playbooks/models.yml")
         assert_recap(again, [host.name], changed=0, failed=0)
+        assert [plan["hashed_bytes"] for plan in model_dir_plans(again)] == [0, 0], again.output[-4000:]
+        assert all(plan["in_place"] for plan in model_dir_plans(again))
+        assert task_items(again, "Send the files the host lacks") == []
+        assert remote.check_output(f"stat -c %i {weight}") == weight_inode
+        # A transfer cut after the drafter and the target's config.json arrived, half-way through the weights: no
+        # manifest yet. The re-run keeps what arrived and sends only the rest.
+        remote.check_output(f"rm {store}/target/.b70-manifest.json {store}/target/tokenizer.json"
+                            f" && truncate -s 1000 {weight}")
+        config_inode = remote.check_output(f"stat -c %i {store}/target/config.json")
+        resumed = run_playbook(inventory, "-v", playbook="playbooks/models.yml")
+        assert resumed.returncode == 0, resumed.output[-4000:]
+        assert task_items(resumed, "Send the files the host lacks") == sorted(
+            [weight, f"{store}/target/tokenizer.json"])
+        assert remote.file(weight).sha256sum == next(f.sha256 for f in lock.target.files
+                                                     if f.path == "model.safetensors")
+        assert remote.check_output(f"stat -c %i {store}/target/config.json") == config_inode
+        recorded = json.loads(remote.file(f"{store}/target/.b70-manifest.json").content_string)
+        assert {f["path"]: f["sha256"] for f in recorded["files"]} == {f.path: f.sha256 for f in lock.target.files}
     finally:  # the host serves cpu-tiny: its models.json goes back to saying so
         restored = run_playbook(appliance.work_dir / "provision.yml", "--limit", host.name,
                                 playbook="playbooks/models.yml")

@@ -145,3 +145,21 @@ def convert_command(
     out.print(f"{result['dst']}: servable by vLLM {result['vllm_version']}, "
               f"{'written' if result['changed'] else 'unchanged'}")
 
+
+@app.command("manifest")
+def manifest_command(
+    directories: Annotated[list[Path], typer.Argument(help="Model directories a host receives")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """Every file in each DIRECTORY with its size and sha256: what a host's copy must hold. Hashes fetch
+    verified are reused, so a directory of fetched weights is described without reading them."""
+    from b70ctl.models.manifest import directory_manifest
+
+    manifests = [directory_manifest(directory) for directory in directories]
+    if as_json:
+        _print_json({"manifests": [manifest.model_dump(mode="json") for manifest in manifests]})
+        return
+    for manifest in manifests:
+        total = sum(file.size_bytes for file in manifest.files)
+        typer.echo(f"{manifest.directory}: {len(manifest.files)} file(s), {total} bytes "
+                   f"({manifest.hashed_bytes} bytes hashed)")

@@ -1,0 +1,80 @@
+"""`b70ctl model manifest`: every file a host receives from a model directory, with its size and sha256.
+
+The model_store role compares this with the manifest a host recorded after it last verified its copy, and sends
+files only when they differ: a re-run reads no weight bytes on either side. A weight `model fetch` verified (or
+a hard link to one, as `model convert` makes) takes the hash fetch checked against the lock, found by its size,
+mtime and inode in DEST/.b70ctl/verified-ROLE.json; only files fetch never saw (a converted config.json, the
+provenance) are hashed, and they are small.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from b70ctl.errors import BadInput
+from b70ctl.lock.resolve import sha256_file
+
+# The manifest a host writes into each installed model directory once every file in it is verified.
+HOST_MANIFEST_FILE = ".b70-manifest.json"
+# Bookkeeping directories that never reach a host: fetch's state and partial downloads, hub caches.
+SKIPPED_DIRS = {".b70ctl", ".cache", ".quarantine"}
+
+
+class ManifestFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    size_bytes: int
+    sha256: str
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    directory: str
+    files: list[ManifestFile]
+    hashed_bytes: int  # what building this manifest read: 0 when fetch had verified every file
+
+
+def _verified_hashes(directory: Path) -> dict[tuple[int, int, int], str]:
+    """(inode, size, mtime_ns) -> sha256 of every file `model fetch` verified beside DIRECTORY."""
+    known: dict[tuple[int, int, int], str] = {}
+    for state_file in sorted((directory.parent / ".b70ctl").glob("verified-*.json")):
+        try:
+            files = json.loads(state_file.read_text()).get("files", {})
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue
+        for stamp in files.values() if isinstance(files, dict) else []:
+            try:
+                known[(int(stamp["inode"]), int(stamp["size_bytes"]), int(stamp["mtime_ns"]))] = str(stamp["sha256"])
+            except (KeyError, TypeError, ValueError):
+                continue
+    return known
+
+
+def directory_manifest(directory: Path) -> Manifest:
+    """Every regular file under DIRECTORY (bookkeeping and the host's own manifest left out), sorted by path."""
+    if not directory.is_dir():
+        raise BadInput(f"{directory} is not a directory: fetch (and convert) the recipe's models first")
+    known = _verified_hashes(directory)
+    files: list[ManifestFile] = []
+    hashed_bytes = 0
+    for path in sorted(directory.rglob("*")):
+        relative = path.relative_to(directory)
+        if SKIPPED_DIRS.intersection(relative.parts[:-1]) or relative.name == HOST_MANIFEST_FILE:
+            continue
+        if path.is_symlink() or not path.is_file():
+            if path.is_symlink():
+                raise BadInput(f"{path} is a symbolic link: a host receives files, give the directory of real files")
+            continue
+        stat = path.stat()
+        sha256 = known.get((stat.st_ino, stat.st_size, stat.st_mtime_ns))
+        if sha256 is None:
+            sha256 = sha256_file(path)
+            hashed_bytes += stat.st_size
+        files.append(ManifestFile(path=relative.as_posix(), size_bytes=stat.st_size, sha256=sha256))
+    return Manifest(directory=str(directory), files=files, hashed_bytes=hashed_bytes)
