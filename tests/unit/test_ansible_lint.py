@@ -1,5 +1,5 @@
 """The playbooks and roles pass ansible-lint at the production profile, and site.yml parses with the example
-inventory (both tools pinned in pyproject.toml)."""
+inventory (both tools pinned in requirements/constraints.txt)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from b70ctl.diagnose.model import LogKind, LogLine
 from b70ctl.errors import BadInput
+from b70ctl.extras import require
 
 UNIT_LOG_LINES = 3000
 KERNEL_LOG_LINES = 2000
@@ -173,7 +174,7 @@ def local_runner(argv: list[str]) -> tuple[int, str, str]:
 
 def ssh_settings(host: str, config_path: Path | None = None) -> dict:
     """What ~/.ssh/config says for HOST: hostname, port, user, identity files, proxy command, host key policy."""
-    import paramiko
+    paramiko = require("paramiko", "diagnose --ssh")
 
     path = config_path or Path.home() / ".ssh" / "config"
     looked_up: dict = {"hostname": host}
@@ -198,7 +199,7 @@ def ssh_settings(host: str, config_path: Path | None = None) -> dict:
 
 def ssh_runner(host: str, config_path: Path | None = None, timeout_s: float = SSH_TIMEOUT_S):
     """Connect once (honouring ~/.ssh/config and the SSH agent) and return (runner, close)."""
-    import paramiko
+    paramiko = require("paramiko", "diagnose --ssh")
 
     settings = ssh_settings(host, config_path)
     client = paramiko.SSHClient()

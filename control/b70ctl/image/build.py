@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dockerfile_parse import DockerfileParser
 from pydantic import BaseModel, ConfigDict, Field
 
 from b70ctl.errors import BadInput
+from b70ctl.extras import require
 from b70ctl.image.patches import PatchSeries, load_series
 from b70ctl.lock.model import Lock, require_resolved
 from b70ctl.recipes import Recipe
@@ -109,8 +109,9 @@ def require_pinned_base(reference: str) -> tuple[str, str]:
 def dockerfile_base_args(dockerfile: Path) -> list[str]:
     """Every FROM of the Dockerfile, checked to be the BASE_IMAGE build argument declared before it: the only way
     a base enters a build is the pinned value the plan passes."""
+    parser_module = require("dockerfile_parse", "planning an image build")
     try:
-        parser = DockerfileParser(path=str(dockerfile), cache_content=True)
+        parser = parser_module.DockerfileParser(path=str(dockerfile), cache_content=True)
         structure = parser.structure
     except (OSError, ValueError) as error:
         raise BadInput(f"{dockerfile}: cannot be parsed ({error}): fix the Dockerfile") from error

@@ -11,13 +11,15 @@ import typer
 from rich.console import Console
 
 from b70ctl.errors import BadInput
+from b70ctl.extras import require
 from b70ctl.image.build import BuildFailed, default_archive_dir, image_labels, plan_build, run_build, save_archive
 from b70ctl.image.patches import VendorPatch, check_series, load_series, sha256_file
 from b70ctl.lock.model import load_recipe_and_lock, require_resolved
 from b70ctl.lock.resolve import repository_root
 from b70ctl.lock.vendor import NETWORK_NEEDED, fetch_vendor_patch
 
-app = typer.Typer(no_args_is_help=True, help="Images: the DSpark patch series, builds, labels.")
+app = typer.Typer(no_args_is_help=True, help="Images: the DSpark patch series, builds, labels. Builds and patch checks "
+                  "read images/ of the b70 checkout b70ctl runs from, or of $B70CTL_REPO_ROOT.")
 patches_app = typer.Typer(no_args_is_help=True, help="The route-a patch series against pristine vLLM.")
 app.add_typer(patches_app, name="patches")
 
@@ -28,6 +30,15 @@ err = Console(stderr=True)
 
 def _print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def _checkout() -> Path:
+    """The checkout holding images/ (Dockerfiles, patch series); an installed b70ctl outside one has none."""
+    root = repository_root()
+    if not (root / "images").is_dir():
+        raise BadInput(f"no images/ in {root}: image builds and patch checks read the b70 repository's images/; "
+                       "run b70ctl from a b70 checkout, or set B70CTL_REPO_ROOT to the checkout's directory")
+    return root
 
 
 def _vendor_patch(series_path: Path, recipe: str | None, vendor_file: Path | None) -> VendorPatch | None:
@@ -79,7 +90,7 @@ def patches_check(
     """Rebuild the base image's vLLM tree (pristine source + the vendor patch's vllm/ part), apply the series in
     order with git apply, compile what it touched. Exit 1 naming the patch and hunk that does not apply (and the
     vendor patch when both change that file); exit 2 for a hash mismatch or bad input."""
-    series_path = series or repository_root() / DEFAULT_SERIES
+    series_path = series or _checkout() / DEFAULT_SERIES
     if recipe is None and series is None:
         recipe = DEFAULT_RECIPE
     if pristine_only and vendor_patch is not None:
@@ -106,7 +117,7 @@ def patches_check(
 
 
 def _docker_client() -> Any:
-    import docker  # imported here: every other command works without an engine
+    docker = require("docker", "talking to the docker engine")  # here: every other command works without it
     from docker.errors import DockerException
 
     try:
@@ -128,7 +139,7 @@ def _built_image(recipe_model: Any, lock_model: Any, base: str | None, no_cache:
         except ImageNotFound as error:
             raise BadInput(f"local base image {reference} does not exist: build it first") from error
 
-    plan = plan_build(recipe_model, lock_model, repository_root(), base_override=base, local_image_id=local_image_id)
+    plan = plan_build(recipe_model, lock_model, _checkout(), base_override=base, local_image_id=local_image_id)
     with Console(stderr=True).status(f"building {plan.image_tag}") as status:
         def progress(line: str) -> None:
             status.update(f"building {plan.image_tag}: {line[:100]}")
@@ -158,7 +169,7 @@ def build(
         def no_engine(reference: str) -> str:
             raise BadInput(f"base {reference} is built on this host: --dry-run cannot pin it without an engine")
 
-        plan = plan_build(recipe_model, lock_model, repository_root(), base_override=base, local_image_id=no_engine)
+        plan = plan_build(recipe_model, lock_model, _checkout(), base_override=base, local_image_id=no_engine)
         data = {**plan.model_dump(mode="json"), "build_args": plan.build_args(), "context": plan.context_paths()}
         if as_json:
             _print_json(data)
@@ -215,9 +226,9 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """Print the image's b70 labels: patch series hash, vLLM version, base digest."""
+    client = _docker_client()
     from docker.errors import ImageNotFound
 
-    client = _docker_client()
     try:
         labels = image_labels(client, image)
     except ImageNotFound as error:

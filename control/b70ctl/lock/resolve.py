@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from b70ctl.errors import BadInput
+from b70ctl.extras import require
 from b70ctl.lock.model import (
     FilePin,
     GeneratedModelPin,
@@ -110,6 +111,7 @@ def _describe_hub_error(error: BaseException, repo: str, revision: str, endpoint
 def hub_pin(role: str, spec: ModelSpec, endpoint: str | None = None) -> ModelPin:
     """Resolve the recipe's branch/tag to a commit and pin every included file by sha256 and size. LFS files carry
     their sha256 in the hub's metadata; small git files are downloaded at the commit and hashed."""
+    require("huggingface_hub", "resolving a model on the Hugging Face hub")
     from huggingface_hub import HfApi, hf_hub_download
 
     assert spec.repo is not None

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from b70ctl.errors import BadInput
 from b70ctl.files import write_failure, write_text_atomically
+from b70ctl.extras import require
 from b70ctl.lock.model import FilePin, Lock, ModelPin, canonical_json, require_resolved
 from b70ctl.lock.resolve import hub_endpoint, hub_errors, sha256_file
 from b70ctl.recipes import Recipe
@@ -159,6 +160,7 @@ def quarantine(dest: Path, role: str, relative: str, bad_file: Path, actual_sha2
 
 
 def _download(pin: ModelPin, file_pin: FilePin, partial: Path, endpoint: str) -> Literal["downloaded", "resumed"]:
+    require("huggingface_hub", "downloading from the Hugging Face hub")
     from huggingface_hub import hf_hub_url
     from huggingface_hub.errors import RevisionNotFoundError
     from huggingface_hub.file_download import http_get
@@ -202,6 +204,7 @@ def _offline_source_file(pin: ModelPin, file_pin: FilePin, source: Source, sourc
         if not path.is_file():
             raise BadInput(f"{label}: {path} does not exist in the local source: copy the model there first")
         return path
+    require("huggingface_hub", "reading a Hugging Face cache (--source cache)")
     from huggingface_hub import try_to_load_from_cache
 
     assert pin.repo is not None
@@ -350,6 +353,7 @@ class FetchFailed(BadInput):
 def fill_cache(lock: Lock, cache_dir: Path, endpoint: str | None = None) -> dict[str, Any]:
     """Controller side: download the locked files once into a Hugging Face cache directory (hf_hub_download),
     verified, so hosts fetch with --source cache without hub access."""
+    require("huggingface_hub", "filling a Hugging Face cache")
     from huggingface_hub import hf_hub_download
 
     require_resolved(lock)
