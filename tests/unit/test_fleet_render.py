@@ -474,3 +474,76 @@ def test_fleet_md_stays_within_budget_when_reports_are_made_to_break_it(tmp_path
         rows = [row for row in block.splitlines() if row.startswith("|")]
         if rows:
             assert len({len(re.split(r"(?<!\\)\|", row.strip())) for row in rows}) == 1, rows[:2]
+
+
+def _fleet_files(out_dir: Path) -> dict[str, tuple[bytes, int]]:
+    return {path.name: (path.read_bytes(), path.stat().st_mtime_ns) for path in sorted(out_dir.iterdir())}
+
+
+def test_a_rerun_over_unchanged_reports_leaves_the_fleet_files_untouched(tmp_path, capsys):
+    from datetime import UTC, datetime, timedelta
+    reports, out_dir = tmp_path / "reports", tmp_path / "fleet"
+    for host in ("h1", "h2"):
+        write_host(reports, host, make_report("cpu-tiny", host))
+    first_time = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+    render.write_fleet_report(aggregate(reports, generated_at=first_time), out_dir)
+    assert "unchanged" not in capsys.readouterr().err
+    written = _fleet_files(out_dir)
+    assert sorted(written) == ["fleet.html", "fleet.json", "fleet.md"]
+
+    again = aggregate(reports, generated_at=first_time + timedelta(hours=5))
+    paths = render.write_fleet_report(again, out_dir)
+    assert _fleet_files(out_dir) == written  # same bytes, same modification times: not rewritten
+    assert capsys.readouterr().err == (f"fleet report unchanged: {out_dir} left as generated at "
+                                       "2026-11-30 08:00:00 UTC\n")
+    assert again.generated_at == first_time  # what --json prints is what fleet.json holds
+    assert json.loads(paths["fleet.json"].read_text())["generated_at"] == "2026-11-30T08:00:00Z"
+
+    # A changed input: all three rewritten, with the new time.
+    write_host(reports, "h3", make_report("cpu-tiny", "h3"))
+    later = first_time + timedelta(hours=6)
+    render.write_fleet_report(aggregate(reports, generated_at=later), out_dir)
+    assert "unchanged" not in capsys.readouterr().err
+    rewritten = _fleet_files(out_dir)
+    assert all(rewritten[name][0] != written[name][0] for name in written)
+    assert json.loads(rewritten["fleet.json"][0])["summary"]["hosts"] == 3
+    assert all(b"2026-11-30 14:00 UTC" in rewritten[name][0] for name in ("fleet.md", "fleet.html"))
+
+
+@pytest.mark.parametrize("disturb", ["fleet.md removed", "fleet.html edited", "fleet.json not JSON",
+                                     "fleet.json of a list", "a host report.html appeared"])
+def test_fleet_files_that_do_not_hold_the_same_report_are_all_rewritten(tmp_path, capsys, disturb):
+    from datetime import UTC, datetime, timedelta
+    reports, out_dir = tmp_path / "reports", tmp_path / "fleet"
+    write_host(reports, "h1", make_report("cpu-tiny", "h1"))
+    first_time = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+    render.write_fleet_report(aggregate(reports, generated_at=first_time), out_dir)
+    if disturb == "fleet.md removed":
+        (out_dir / "fleet.md").unlink()
+    elif disturb == "fleet.html edited":
+        (out_dir / "fleet.html").write_text((out_dir / "fleet.html").read_text() + "<!-- edited -->")
+    elif disturb == "fleet.json not JSON":
+        (out_dir / "fleet.json").write_text("{")
+    elif disturb == "fleet.json of a list":
+        (out_dir / "fleet.json").write_text("[]")
+    else:  # the same fleet.json, but fleet.html now links the host to its report.html
+        (reports / "h1" / "report.html").write_text("<!DOCTYPE html>")
+    capsys.readouterr()
+    render.write_fleet_report(aggregate(reports, generated_at=first_time + timedelta(hours=1)), out_dir)
+    assert "unchanged" not in capsys.readouterr().err
+    for name in ("fleet.json", "fleet.md", "fleet.html"):
+        assert "09:00" in (out_dir / name).read_text(), name
+    if disturb == "a host report.html appeared":
+        assert 'href="../reports/h1/report.html"' in (out_dir / "fleet.html").read_text()
+
+
+def test_the_fleet_command_run_twice_says_the_report_is_unchanged(tmp_path):
+    from test_fleet_cli import b70ctl
+    write_host(tmp_path / "reports", "h1", make_report("cpu-tiny", "h1"))
+    command = ("fleet", "report", str(tmp_path / "reports"), "--out", str(tmp_path / "out"))
+    first = b70ctl(*command)
+    assert first.returncode == 0 and "fleet report unchanged" not in first.stderr, first.stderr
+    written = _fleet_files(tmp_path / "out")
+    second = b70ctl(*command)
+    assert second.returncode == 0 and "fleet report unchanged: " in second.stderr, second.stderr
+    assert _fleet_files(tmp_path / "out") == written

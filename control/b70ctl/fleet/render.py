@@ -7,19 +7,23 @@ environment does not explain, then failures, then groups drifting from the major
 then a line saying how many were left out and where every host is: fleet.json and fleet.html.
 
 Every file is written to a temporary file beside its target and moved into place, so a reader never sees half
-a report.
+a report; files that already hold the same report, generated earlier, are left as they are.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from pydantic import TypeAdapter
 
 from b70ctl.files import write_text_atomically
 from b70ctl.fleet import plots
@@ -48,6 +52,7 @@ ROWS_SHOWN = 10  # claims, workloads, known failures, input problems: the rest a
 VALUES_SHOWN = 3  # other values of a drifting field
 CELL_CHARACTERS = 200  # a free-text cell from a report (a reason, a description) is cut here
 USABLE = ("verified", "partial")
+_GENERATED_AT = TypeAdapter(datetime)
 
 Attention = Literal["outlier", "failed", "drift"]
 ATTENTION_ORDER: tuple[Attention, ...] = ("outlier", "failed", "drift")
@@ -444,11 +449,56 @@ def render_html(report: FleetReport, out_dir: Path | None = None) -> str:
     return _environment("html").get_template("fleet.html.j2").render(**context)
 
 
+def _json_text(report: FleetReport) -> str:
+    return report.model_dump_json(indent=2) + "\n"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def previous_generation(report: FleetReport, out_dir: Path) -> datetime | None:
+    """When the fleet files in out_dir are exactly what `report` would write had it been generated when they were
+    (the same aggregate, only the generation time differs), that time; else None. fleet.json is compared first:
+    fleet.md and fleet.html are rendered only when it matches (they also depend on the templates, and fleet.html
+    on which host documents exist)."""
+    existing_json = _read(out_dir / FLEET_JSON)
+    if existing_json is None:
+        return None
+    try:
+        generated_at = _GENERATED_AT.validate_python(json.loads(existing_json)["generated_at"])
+    except (ValueError, TypeError, KeyError):  # not JSON, not an object, no or a bad time: not ours to keep
+        return None
+    previous = report.model_copy(update={"generated_at": generated_at})
+    if _json_text(previous) != existing_json:
+        return None
+    for name, render in ((FLEET_MD, lambda: render_markdown(previous)),
+                         (FLEET_HTML, lambda: render_html(previous, out_dir))):
+        existing = _read(out_dir / name)
+        if existing is None or existing != render():
+            return None
+    return generated_at
+
+
 def write_fleet_report(report: FleetReport, out_dir: Path) -> dict[str, Path]:
-    """fleet.json, fleet.md and fleet.html in out_dir; returns their paths by name."""
+    """fleet.json, fleet.md and fleet.html in out_dir; returns their paths by name.
+
+    A re-run over unchanged host reports leaves the three files untouched (the play that runs it reports no
+    change, and it makes none): `report` takes the files' generation time and stderr says "fleet report
+    unchanged". Otherwise all three are rendered before any is written, then each replaced atomically."""
     paths = {name: out_dir / name for name in (FLEET_JSON, FLEET_MD, FLEET_HTML)}
     with cyclic_gc_paused():
-        write_text_atomically(paths[FLEET_JSON], report.model_dump_json(indent=2) + "\n")
-        write_text_atomically(paths[FLEET_MD], render_markdown(report))
-        write_text_atomically(paths[FLEET_HTML], render_html(report, out_dir))
+        generated_at = previous_generation(report, out_dir)
+        if generated_at is not None:
+            report.generated_at = generated_at
+            sys.stderr.write(f"fleet report unchanged: {out_dir} left as generated at "
+                             f"{generated_at:%Y-%m-%d %H:%M:%S %Z}\n")
+            return paths
+        texts = {FLEET_JSON: _json_text(report), FLEET_MD: render_markdown(report),
+                 FLEET_HTML: render_html(report, out_dir)}
+        for name, text in texts.items():
+            write_text_atomically(paths[name], text)
     return paths
