@@ -236,7 +236,8 @@ class TuneSpace(Strict):
     """What `b70ctl tune` may change on a host and the values it tries (a grid: every combination), with its
     budget. Knobs not named here are never tuned. Every combination must give a recipe the validator accepts."""
 
-    num_speculative_tokens: IntRange | None = None
+    num_speculative_tokens: IntRange | list[int] | None = Field(
+        None, description="A range {low, high}, or the values as a list")
     draft_sample_method: list[Literal["greedy", "probabilistic"]] = Field(default_factory=list)
     max_num_batched_tokens: list[int] = Field(default_factory=list)
     oneccl_thresholds: dict[Literal["p2p", "no-p2p"], dict[str, list[int]]] = Field(
@@ -251,8 +252,12 @@ class TuneSpace(Strict):
 
     @model_validator(mode="after")
     def _values(self) -> TuneSpace:
-        for name, values in (("draft_sample_method", self.draft_sample_method),
+        listed_k = self.num_speculative_tokens if isinstance(self.num_speculative_tokens, list) else None
+        for name, values in (("num_speculative_tokens", listed_k or []),
+                             ("draft_sample_method", self.draft_sample_method),
                              ("max_num_batched_tokens", self.max_num_batched_tokens)):
+            if listed_k == [] and name == "num_speculative_tokens":
+                raise ValueError("tune.num_speculative_tokens: give at least one value")
             if len(values) != len(set(values)):
                 raise ValueError(f"tune.{name}: a value is listed twice")
         if "no-p2p" in self.oneccl_thresholds:
@@ -271,8 +276,9 @@ class TuneSpace(Strict):
     def knobs(self, profile: str | None = None) -> dict[str, list[int | str]]:
         """Knob name -> values tried, in a fixed order; oneCCL variables only for the host's active profile."""
         knobs: dict[str, list[int | str]] = {}
-        if self.num_speculative_tokens is not None:
-            knobs["num_speculative_tokens"] = list(self.num_speculative_tokens.values())
+        k = self.num_speculative_tokens
+        if k is not None:
+            knobs["num_speculative_tokens"] = list(k.values() if isinstance(k, IntRange) else k)
         if self.draft_sample_method:
             knobs["draft_sample_method"] = list(self.draft_sample_method)
         if self.max_num_batched_tokens:
