@@ -250,6 +250,16 @@ def test_the_huc_fixture_is_laid_out_as_the_kernel_structs_say() -> None:
     assert parse_cpd_release_version(blob) == "8.5.4"
 
 
+def test_the_huc_release_is_the_firmware_entrys_css_version_as_the_driver_prints_it() -> None:
+    # parse_cpd_header reads the manifest's fw_version, then parse_css_header of "huc_fw" overwrites it: debugfs
+    # huc_info shows the CSS release. A file whose two disagree reads as the driver would load it.
+    blob = sysfs.huc_gsc_blob(8, 5, 4, css_version=(8, 6, 1))
+    assert parse_cpd_release_version(blob) == "8.6.1"
+    firmware = len(blob) - len(sysfs.guc_css_blob(8, 6, 1))
+    broken_css = blob[:firmware + 4] + (0).to_bytes(4, "little") + blob[firmware + 8:]  # header_size_dw wrong
+    assert parse_cpd_release_version(broken_css) == "8.5.4"  # no valid CSS: the manifest's version
+
+
 def test_a_cut_or_garbled_cpd_gives_no_version_and_never_raises() -> None:
     blob = sysfs.huc_gsc_blob(8, 5, 4)
     manifest_end = CPD_HEADER_BYTES + 2 * CPD_ENTRY_BYTES + MANIFEST_BYTES

@@ -327,6 +327,7 @@ GSC_CPD_ENTRY_OFFSET_MASK = (1 << 25) - 1
 GSC_MANIFEST_HEADER_SIZE = 128
 GSC_MANIFEST_FW_VERSION_OFFSET = 36  # after nine u32; struct gsc_version is u16 major, minor, hotfix, build
 HUC_MANIFEST_ENTRY = "HUCP.man"
+HUC_FIRMWARE_ENTRY = "huc_fw"
 
 
 def is_cpd_blob(blob: Optional[bytes]) -> bool:
@@ -343,23 +344,28 @@ def parse_cpd_release_version(blob: Optional[bytes], manifest_entry: str = HUC_M
     (bits 24:0), the whole manifest header inside the file. Anything else (truncated, garbage, not CPD) is None,
     never an exception.
 
-    The driver then also parses the CSS header of the "huc_fw" entry, whose sw_version becomes the release it
-    prints in debugfs huc_info; this reads the file's own manifest, as the file declares itself."""
+    The driver then parses the CSS header of the "huc_fw" entry, and that header's sw_version overwrites the
+    manifest's: it is the release debugfs huc_info prints. So does this: the CSS release of "huc_fw" when that
+    entry holds a valid CSS header, else the manifest's fw_version."""
     if blob is None or not is_cpd_blob(blob):
         return None
     entries, = struct.unpack_from("<I", blob, 4)
     header_length = blob[GSC_CPD_HEADER_LENGTH_OFFSET]
     if header_length < GSC_CPD_HEADER_SIZE or len(blob) < header_length + GSC_CPD_ENTRY_SIZE * entries:
         return None
-    wanted = manifest_entry.encode("ascii")
-    offset = 0
+    offsets: Dict[bytes, int] = {}
     for index in range(entries):
         start = header_length + index * GSC_CPD_ENTRY_SIZE
-        if blob[start:start + GSC_CPD_ENTRY_NAME_BYTES].split(b"\0", 1)[0] == wanted:
-            offset = struct.unpack_from("<I", blob, start + GSC_CPD_ENTRY_NAME_BYTES)[0] & GSC_CPD_ENTRY_OFFSET_MASK
-            break
+        name = blob[start:start + GSC_CPD_ENTRY_NAME_BYTES].split(b"\0", 1)[0]
+        offsets.setdefault(name, struct.unpack_from("<I", blob, start + GSC_CPD_ENTRY_NAME_BYTES)[0]
+                           & GSC_CPD_ENTRY_OFFSET_MASK)
+    offset = offsets.get(manifest_entry.encode("ascii"), 0)
     if not offset or len(blob) < offset + GSC_MANIFEST_HEADER_SIZE:
         return None
+    firmware = offsets.get(HUC_FIRMWARE_ENTRY.encode("ascii"), 0)
+    css_release = parse_css_release_version(blob[firmware:]) if firmware else None
+    if css_release is not None:
+        return css_release
     major, minor, hotfix = struct.unpack_from("<HHH", blob, offset + GSC_MANIFEST_FW_VERSION_OFFSET)
     return "%d.%d.%d" % (major, minor, hotfix)
 
