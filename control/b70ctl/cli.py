@@ -37,6 +37,7 @@ app.add_typer(__import__("b70ctl.fleet.cli", fromlist=["app"]).app, name="fleet"
 app.add_typer(__import__("b70ctl.image.cli", fromlist=["app"]).app, name="image")
 app.add_typer(__import__("b70ctl.serve.cli", fromlist=["app"]).app, name="serve")
 app.command("diagnose")(__import__("b70ctl.diagnose.cli", fromlist=["diagnose_command"]).diagnose_command)
+app.command("tune")(__import__("b70ctl.tune.cli", fromlist=["tune_command"]).tune_command)
 
 console = Console(stderr=True)
 

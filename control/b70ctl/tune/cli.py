@@ -1,0 +1,94 @@
+"""`b70ctl tune`: the best settings of the recipe's tune space for this host, by measurement. It owns the servers it
+tunes (no --endpoint): each candidate is served, checked and measured in turn. Exit 0 a result was written (tuned
+overrides, or the recipe's default was already best), 1 no candidate passed greedy correctness, 2 bad input."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from b70ctl.errors import BadInput
+from b70ctl.tune.model import TuneReport
+
+
+def tune_command(
+    recipe: Annotated[str, typer.Option(help="Recipe name (b70ctl recipes list) or recipe file")] = "cpu-tiny",
+    out: Annotated[Path, typer.Option(
+        help="Directory for tune.json, tune.md, the plot and b70_tuned.yml; a re-run into it resumes the tune")
+    ] = Path("reports/tune"),
+    budget_requests: Annotated[int | None, typer.Option(
+        help="Most measured requests of the whole tune (default: the recipe's tune.budget_requests)")] = None,
+    models_dir: Annotated[Path | None, typer.Option(
+        help="Where the generated models are (made once when missing; default ~/.cache/b70ctl/tiny-models)")] = None,
+    start_timeout: Annotated[float, typer.Option(help="Seconds a server may take to become healthy")] = 900.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print tune.json to stdout")] = False,
+) -> None:
+    """Find the best settings of the recipe's tune space on this host: successive halving under a request budget,
+    each candidate served, checked for greedy identity with the target-only baseline and scored by median - 1.4826
+    x MAD of its decode rate; the winner is re-measured against the recipe's default. Resumes an interrupted tune.
+
+    Exit 0 when a result was written, 1 when no candidate passed greedy correctness, 2 on bad input."""
+    from b70ctl.embedded import default_cache_dir, ensure_models
+    from b70ctl.recipes import load_recipe
+    from b70ctl.tune.render import write_tune_outputs
+    from b70ctl.tune.run import run_tune
+    from b70ctl.tune.serving import LocalServing
+
+    if budget_requests is not None and budget_requests < 1:
+        raise BadInput(f"--budget-requests {budget_requests}: give the most requests the tune may measure, above 0")
+    if not math.isfinite(start_timeout) or start_timeout <= 0:
+        raise BadInput(f"--start-timeout {start_timeout:g}: give the seconds a server may take to start, above 0")
+    loaded = load_recipe(recipe)
+    if loaded.tune is None:
+        raise BadInput(f"recipe {loaded.name} has no tune section: nothing may be tuned")
+    if loaded.host.accelerator != "cpu" or loaded.tiny is None:
+        raise BadInput(f"recipe {loaded.name} runs on B70 hosts, whose candidates the appliance's unit must serve; "
+                       "b70ctl tune serves local processes, for the embedded default (cpu-tiny)")
+    from b70ctl.tune.run import tune_plan
+
+    tune_plan(loaded, None, budget_requests)  # a budget that cannot cover one round is refused before any start
+    console = Console(stderr=True)
+
+    def progress(message: str) -> None:
+        console.print(f"[cyan]tune:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+    models = models_dir or default_cache_dir() / "tiny-models"
+    progress(f"tiny models in {models} (generated once)")
+    ensure_models(loaded, models)
+    servers = LocalServing(loaded, models, out / "logs", timeout_s=start_timeout, progress=progress)
+    report = run_tune(loaded, servers, out, progress=progress, budget_requests=budget_requests)
+    write_tune_outputs(report, out)
+    if as_json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        render(report, out)
+    raise typer.Exit(1 if report.outcome == "no_candidate" else 0)
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def render(report: TuneReport, out_dir: Path) -> None:
+    """For people, on stdout: the final comparison and the candidates by round reached and score."""
+    table = Table("candidate", "rounds", "score", "median", "MAD", "n", "correctness",
+                  title=f"tune of {report.recipe}: {report.spent_requests}/{report.budget_requests} requests")
+    for candidate in sorted(report.candidates, key=lambda c: (c.disqualified is not None, -c.rounds,
+                                                              -(c.halving.score_tok_s or 0.0))):
+        figures = candidate.halving
+        table.add_row(candidate.label + (" (default)" if candidate.is_default else ""), str(candidate.rounds),
+                      _shown(figures.score_tok_s), _shown(figures.median_tok_s), _shown(figures.mad_tok_s),
+                      str(figures.n), (candidate.correctness or "-")
+                      + (f" [red]disqualified: {escape(candidate.disqualified)}[/]" if candidate.disqualified else ""))
+    out = Console()
+    out.print(table)
+    out.print(escape(report.summary), highlight=False, soft_wrap=True)
+    out.print(f"report: {out_dir / 'tune.md'}; overrides: {out_dir / 'b70_tuned.yml'}", highlight=False,
+              soft_wrap=True)

@@ -1,0 +1,115 @@
+"""The tune's documents: a candidate, one measurement of it (a line of the state file), and the tune report
+(tune.json). One model each; the report is what tune.md, the plot and b70_tuned.yml are rendered from."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Value = int | str | None
+
+TUNE_SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Candidate(_Model):
+    """One point of the tune space: the value of every tuned knob (None: the recipe leaves vLLM's default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    overrides: dict[str, Value]
+
+    @property
+    def key(self) -> str:
+        """Stable across runs: the overrides as sorted JSON (the state file refers to candidates by it)."""
+        return json.dumps(self.overrides, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{SHORT_NAMES.get(name, name)}={'default' if value is None else value}"
+                         for name, value in self.overrides.items()) or "the recipe as it is"
+
+    @property
+    def host_env(self) -> dict[str, str]:
+        """The oneCCL variables among the overrides: host environment on top of the profile's, not recipe fields."""
+        return {name: str(value) for name, value in self.overrides.items()
+                if name.startswith("CCL_") and value is not None}
+
+
+SHORT_NAMES = {"num_speculative_tokens": "k", "draft_sample_method": "draft sampling",
+               "max_num_batched_tokens": "batched tokens"}
+
+
+class Measurement(_Model):
+    """One stage of one candidate: served once, checked (first time only) and measured. A line of the state file."""
+
+    kind: Literal["measurement"] = "measurement"
+    candidate: str = Field(description="Candidate.key")
+    stage: str = Field(description="round-N of the halving, or final")
+    requests: int = Field(0, ge=0, description="Measured requests (what the budget counts; warm-ups are not)")
+    decode_tok_s: list[float] = Field(default_factory=list, description="Per-request decode rates, engine clock")
+    client_timed: int = Field(0, ge=0, description="Requests the engine did not time (rate from arrivals)")
+    correctness: str | None = Field(None, description="identical/total greedy outputs, when checked here")
+    disqualified: str | None = Field(None, description="Why the candidate is out, whatever its speed")
+    mean_acceptance_length: dict[str, float] = Field(default_factory=dict, description="Per workload")
+    measured_at: datetime
+
+
+class Figures(_Model):
+    n: int
+    median_tok_s: float | None = None
+    mad_tok_s: float | None = None
+    score_tok_s: float | None = None
+
+
+class CandidateResult(_Model):
+    key: str
+    label: str
+    overrides: dict[str, Value]
+    is_default: bool
+    rounds: int = Field(description="Rounds of the halving it was measured in")
+    halving: Figures = Field(description="Over all its requests of the halving")
+    correctness: str | None = None
+    disqualified: str | None = None
+
+
+class Round(_Model):
+    index: int
+    requests_per_workload: int
+    measured: list[str] = Field(description="Candidate keys measured in this round")
+    kept: list[str] = Field(description="The best half, measured again in the next round")
+
+
+class FinalComparison(_Model):
+    """The winner of the halving and the recipe's default, measured back to back at the end (same window)."""
+
+    default_key: str
+    winner_key: str
+    default: Figures | None = Field(None, description="None when the default was disqualified")
+    winner: Figures
+
+
+class TuneReport(_Model):
+    schema_version: Literal[1] = TUNE_SCHEMA_VERSION
+    recipe: str
+    vllm_version: str
+    profile: str | None = Field(None, description="The host's oneCCL profile the space was taken for")
+    knobs: dict[str, list[Value]] = Field(description="Knob -> values tried")
+    default_overrides: dict[str, Value] = Field(description="The recipe's own value of every knob")
+    workloads: list[str] = Field(description="The recipe's workloads measured (those run on the served endpoint)")
+    budget_requests: int
+    spent_requests: int
+    started_at: datetime
+    finished_at: datetime
+    rounds: list[Round]
+    candidates: list[CandidateResult]
+    final: FinalComparison | None = None
+    outcome: Literal["tuned", "default_best", "no_candidate"]
+    tuned_overrides: dict[str, Value] = Field(description="What to apply; empty when the default stays")
+    summary: str

@@ -1,0 +1,265 @@
+"""b70ctl tune: the score, successive halving under a budget, disqualification, resume, and the whole tune against
+scripted servers standing in for vLLM (through the same server-owning interface the local vLLM servers use).
+
+The scripted servers' /metrics report the scripts' own engine timing, so each candidate's decode rate is exactly
+what its script says: the expected winners below follow from those rates, not from b70ctl's code.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+import pytest
+import yaml
+from scripted_server import Script, ScriptedServer
+
+from b70ctl.checks.client import Endpoint
+from b70ctl.errors import BadInput
+from b70ctl.recipes import load_recipe
+from b70ctl.tune.model import Candidate, Measurement, TuneReport
+from b70ctl.tune.render import write_tune_outputs
+from b70ctl.tune.run import candidates_of, run_tune
+from b70ctl.tune.score import robust_score
+from b70ctl.tune.search import plan_rounds, successive_halving
+from b70ctl.tune.serving import CandidateFailed
+from b70ctl.tune.state import STATE_FILE, TuneState
+
+RECIPE = load_recipe("cpu-tiny")  # k 1..6, default k=4; four workloads on the endpoint
+WORKLOADS = 4
+
+
+# -- the score ---------------------------------------------------------------------------------------------------
+def test_score_is_median_minus_scaled_mad():
+    assert robust_score([100.0]) == 100.0
+    # median 120, deviations 60 30 0 30 60 -> MAD 30
+    assert robust_score([60.0, 90.0, 120.0, 150.0, 180.0]) == pytest.approx(120 - 1.4826 * 30)
+    assert robust_score([]) is None
+
+
+def test_fast_once_and_slow_often_loses_to_steady():
+    steady = [100.0, 101.0, 99.0, 100.0, 100.0]
+    erratic = [60.0, 90.0, 120.0, 150.0, 180.0]  # the higher median, the wider spread
+    assert sorted(erratic)[2] > sorted(steady)[2]
+    assert robust_score(steady) > robust_score(erratic)
+
+
+# -- the plan ----------------------------------------------------------------------------------------------------
+def test_plan_halves_candidates_and_doubles_requests_within_the_budget():
+    rounds = plan_rounds(6, WORKLOADS, first_round_requests=1, final_requests=3, budget_requests=120)
+    assert [(r.slots, r.requests_per_workload) for r in rounds] == [(6, 1), (3, 2), (2, 4)]
+    # 24 + 24 + 32 in the rounds, 2 x 3 x 4 = 24 in the final: 104 <= 120
+    assert sum(r.cost(WORKLOADS) for r in rounds) + 24 == 104
+    # A smaller budget stops the halving early rather than overrun: 24 + 24 + 24 = 72 <= 90, 72 + 32 > 90.
+    short = plan_rounds(6, WORKLOADS, first_round_requests=1, final_requests=3, budget_requests=90)
+    assert [(r.slots, r.requests_per_workload) for r in short] == [(6, 1), (3, 2)]
+    with pytest.raises(BadInput, match="does not cover one round of 6 candidates"):
+        plan_rounds(6, WORKLOADS, first_round_requests=1, final_requests=3, budget_requests=40)
+
+
+# -- the search, with a measure function of known rates -----------------------------------------------------------
+def k_of(candidate: Candidate) -> int:
+    return int(candidate.overrides["num_speculative_tokens"])
+
+
+class FakeMeasure:
+    """Rates per k; `wrong` ks fail greedy correctness; raises KeyboardInterrupt at call `interrupt_at`."""
+
+    def __init__(self, rates: dict[int, list[float]], wrong: frozenset[int] = frozenset(),
+                 interrupt_at: int | None = None):
+        self.rates, self.wrong, self.interrupt_at = rates, wrong, interrupt_at
+        self.calls: list[tuple[int, str, int]] = []
+
+    def __call__(self, candidate: Candidate, stage: str, requests: int) -> Measurement:
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        k = k_of(candidate)
+        self.calls.append((k, stage, requests))
+        now = datetime.now(UTC)
+        if k in self.wrong:
+            return Measurement(candidate=candidate.key, stage=stage, correctness="3/5 identical",
+                               disqualified="greedy outputs differ", measured_at=now)
+        count = requests * WORKLOADS
+        rates = (self.rates[k] * count)[:count]
+        return Measurement(candidate=candidate.key, stage=stage, requests=count, decode_tok_s=rates,
+                           correctness="5/5 identical", measured_at=now)
+
+
+RATES = {1: [50.0], 2: [120.0], 3: [110.0], 4: [100.0], 5: [90.0], 6: [80.0]}
+
+
+def search(tmp_path, measure, budget=120):
+    candidates, _ = candidates_of(RECIPE, None)
+    plan = plan_rounds(len(candidates), WORKLOADS, 1, 3, budget)
+    state = TuneState(tmp_path / STATE_FILE, {"space": "test", "budget": budget})
+    return successive_halving(candidates, plan, measure, state), state
+
+
+def test_halving_measures_all_then_the_best_half_with_twice_the_requests(tmp_path):
+    measure = FakeMeasure(RATES)
+    result, state = search(tmp_path, measure)
+    assert measure.calls == [(1, "round-0", 1), (2, "round-0", 1), (3, "round-0", 1), (4, "round-0", 1),
+                             (5, "round-0", 1), (6, "round-0", 1),
+                             (2, "round-1", 2), (3, "round-1", 2), (4, "round-1", 2),
+                             (2, "round-2", 4), (3, "round-2", 4)]
+    assert k_of(result.winner) == 2
+    assert [len(r.kept) for r in result.rounds] == [3, 2, 1]
+    assert state.spent_requests == 24 + 24 + 32 <= 120 - 24
+
+
+def test_budget_is_respected_when_it_stops_the_halving(tmp_path):
+    measure = FakeMeasure(RATES)
+    result, state = search(tmp_path, measure, budget=90)
+    assert [stage for _, stage, _ in measure.calls].count("round-2") == 0
+    assert k_of(result.winner) == 2  # the best of the last round measured
+    assert state.spent_requests + 2 * 3 * WORKLOADS <= 90
+
+
+def test_a_candidate_failing_correctness_is_out_whatever_its_speed(tmp_path):
+    measure = FakeMeasure({**RATES, 5: [1000.0]}, wrong=frozenset({5}))
+    result, state = search(tmp_path, measure)
+    assert [call for call in measure.calls if call[0] == 5] == [(5, "round-0", 1)]
+    assert all(json.loads(key)["num_speculative_tokens"] != 5 for r in result.rounds for key in r.kept)
+    assert k_of(result.winner) == 2
+
+
+def test_an_interrupted_search_resumes_measuring_only_what_is_left(tmp_path):
+    uninterrupted = FakeMeasure(RATES)
+    expected, _ = search(tmp_path / "whole", uninterrupted)
+    first = FakeMeasure(RATES, interrupt_at=7)  # killed while serving the second candidate of round 1
+    with pytest.raises(KeyboardInterrupt):
+        search(tmp_path / "cut", first)
+    second = FakeMeasure(RATES)
+    resumed, state = search(tmp_path / "cut", second)
+    assert first.calls + second.calls == uninterrupted.calls  # nothing measured twice, nothing skipped
+    assert second.calls[0] == (3, "round-1", 2)
+    assert resumed.winner == expected.winner and resumed.rounds == expected.rounds
+
+
+def test_a_state_file_of_another_space_is_refused_and_a_cut_last_line_is_dropped(tmp_path):
+    state = TuneState(tmp_path / STATE_FILE, {"space": "a"})
+    state.add(Measurement(candidate="x", stage="round-0", requests=4, decode_tok_s=[1.0] * 4,
+                          measured_at=datetime.now(UTC)))
+    with (tmp_path / STATE_FILE).open("a") as out:
+        out.write('{"kind": "measurement", "candid')  # killed mid-write
+    reread = TuneState(tmp_path / STATE_FILE, {"space": "a"})
+    assert list(reread.measurements) == [("x", "round-0")] and reread.spent_requests == 4
+    reread.add(Measurement(candidate="y", stage="round-0", measured_at=datetime.now(UTC)))
+    assert len(TuneState(tmp_path / STATE_FILE, {"space": "a"}).measurements) == 2
+    with pytest.raises(BadInput, match="holds a tune of another space"):
+        TuneState(tmp_path / STATE_FILE, {"space": "b"})
+
+
+# -- the whole tune against scripted servers ---------------------------------------------------------------------
+def steady_script(tok_s: float) -> Script:
+    """Nine tokens, one per chunk, the engine producing one every 1/tok_s seconds: (9 - 1) * tok_s / 8 = tok_s."""
+    return Script(ttft_s=0.002, offsets_s=[index / tok_s for index in range(9)], tokens_per_chunk=[1] * 9)
+
+
+class ScriptedServing:
+    """The server-owning interface over scripted servers: candidate k serves at rates[k] tok/s; `wrong` ks answer
+    other greedy tokens than the baseline; `interrupt_at` stops the tune at that candidate start."""
+
+    def __init__(self, rates: dict[int, float], wrong: frozenset[int] = frozenset(),
+                 no_start: frozenset[int] = frozenset(), interrupt_at: int | None = None):
+        self.rates, self.wrong, self.no_start, self.interrupt_at = rates, wrong, no_start, interrupt_at
+        self.model = RECIPE.serve.served_model_name
+        self.baseline_starts = 0
+        self.starts: list[int] = []
+
+    @contextmanager
+    def baseline(self):
+        self.baseline_starts += 1
+        with ScriptedServer(model=self.model) as server:
+            server.speculates = False
+            server.default_script = steady_script(300.0)
+            yield Endpoint(server.url, model=self.model, timeout_s=10)
+
+    @contextmanager
+    def candidate(self, candidate: Candidate):
+        if self.interrupt_at is not None and len(self.starts) == self.interrupt_at:
+            raise KeyboardInterrupt
+        k = k_of(candidate)
+        self.starts.append(k)
+        if k in self.no_start:
+            raise CandidateFailed(f"vLLM server candidate-k={k} exited with code 1 during start")
+        with ScriptedServer(model=self.model) as server:
+            server.default_script = steady_script(self.rates[k])
+            if k in self.wrong:
+                server.first_token_id = 999
+            yield Endpoint(server.url, model=self.model, timeout_s=10)
+
+
+SERVED_RATES = {1: 150.0, 2: 240.0, 3: 220.0, 4: 200.0, 5: 400.0, 6: 160.0}
+
+
+def test_tune_against_scripted_servers_picks_the_fastest_correct_candidate(tmp_path):
+    servers = ScriptedServing(SERVED_RATES, wrong=frozenset({5}), no_start=frozenset({1}))
+    report = run_tune(RECIPE, servers, tmp_path)
+    write_tune_outputs(report, tmp_path)
+    assert servers.baseline_starts == 1
+    # round 0: all six; round 1: k=2, 3, 4; round 2: k=2, 3; final: the default k=4, then the winner k=2
+    assert servers.starts == [1, 2, 3, 4, 5, 6, 2, 3, 4, 2, 3, 4, 2]
+    results = {k_of(Candidate(overrides=c.overrides)): c for c in report.candidates}
+    assert "greedy outputs differ" in results[5].disqualified and results[5].correctness == "0/5 identical"
+    assert "did not start" in results[1].disqualified
+    assert results[2].halving.score_tok_s == pytest.approx(240.0)
+    assert results[4].is_default and results[4].rounds == 2
+    assert report.outcome == "tuned" and report.tuned_overrides == {"num_speculative_tokens": 2}
+    assert report.final.default.score_tok_s == pytest.approx(200.0)
+    assert report.final.winner.n == report.final.default.n == 3 * WORKLOADS
+    assert report.spent_requests <= report.budget_requests
+    # the files: one model, the markdown, the plot, and what the appliance will place in host_vars
+    assert TuneReport.model_validate_json((tmp_path / "tune.json").read_text()) == report
+    markdown = (tmp_path / "tune.md").read_text()
+    assert "k=2 beats the recipe's default (k=4)" in markdown and "disqualified: greedy outputs differ" in markdown
+    svg = (tmp_path / "tune-scores.svg").read_text()
+    assert svg.startswith("<svg") and "k=4: score 200.0 tok/s" in svg and "#d62728" in svg
+    tuned = yaml.safe_load((tmp_path / "b70_tuned.yml").read_text())["b70_tuned"]
+    assert tuned["overrides"] == {"num_speculative_tokens": 2} and tuned["score_tok_s"] == pytest.approx(240.0)
+    assert tuned["budget_requests"] == 120 and tuned["date"] == report.finished_at.date().isoformat()
+
+
+def test_when_the_default_wins_the_report_says_it_was_already_best(tmp_path):
+    servers = ScriptedServing({**SERVED_RATES, 4: 300.0, 5: 100.0})
+    report = run_tune(RECIPE, servers, tmp_path)
+    write_tune_outputs(report, tmp_path)
+    assert report.outcome == "default_best" and report.tuned_overrides == {}
+    assert servers.starts[-1] == 4 and servers.starts.count(4) == 4  # three rounds, then the final alone
+    assert "the recipe's default was already best" in (tmp_path / "tune.md").read_text()
+    assert yaml.safe_load((tmp_path / "b70_tuned.yml").read_text())["b70_tuned"]["overrides"] == {}
+
+
+def test_an_interrupted_tune_resumes_with_its_reference_and_measures_only_what_is_left(tmp_path):
+    first = ScriptedServing(SERVED_RATES, interrupt_at=8)  # stopped at round 1's third candidate
+    with pytest.raises(KeyboardInterrupt):
+        run_tune(RECIPE, first, tmp_path)
+    second = ScriptedServing(SERVED_RATES)
+    report = run_tune(RECIPE, second, tmp_path)
+    assert second.baseline_starts == 0  # the reference recorded by the first run is reused
+    whole = ScriptedServing(SERVED_RATES)
+    expected = run_tune(RECIPE, whole, tmp_path / "whole")
+    assert first.starts + second.starts == whole.starts
+    assert report.tuned_overrides == expected.tuned_overrides == {"num_speculative_tokens": 5}
+    assert report.spent_requests == expected.spent_requests
+
+
+def test_the_command_refuses_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    def b70ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", "from b70ctl.cli import main; main()", "tune", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    for args, message in [
+        (("--recipe", "pr620-fp8-tp2"), "error: recipe pr620-fp8-tp2 runs on B70 hosts"),
+        (("--budget-requests", "0"), "error: --budget-requests 0:"),
+        (("--budget-requests", "30", "--out", str(tmp_path)), "error: a budget of 30 requests does not cover one "
+                                                              "round of 6 candidates"),
+    ]:
+        done = b70ctl(*args)
+        assert done.returncode == 2 and done.stdout == ""
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(message), done.stderr
