@@ -78,6 +78,9 @@ def load_host_facts(path: Path) -> Environment:
     if not isinstance(facts, dict):
         raise BadInput(f"host facts {path}: expected a JSON object, found {type(facts).__name__}: {fix}")
     known = {key: facts[key] for key in HOST_FACT_FIELDS if facts.get(key) is not None}
+    # Raw `b70ctl host facts --json` names its tree `root`: read anywhere but "/", the hardware is emulated.
+    if "hardware_root" not in known and isinstance(facts.get("root"), str) and facts["root"] != "/":
+        known["hardware_root"] = facts["root"]
     # What the server says of itself (vllm_version, served_model) wins over the facts: not repeated as extra.
     extra = {key: value for key, value in facts.items() if key not in Environment.model_fields
              and isinstance(value, (str, int, float, bool))}

@@ -173,3 +173,18 @@ def test_api_key_is_sent_but_never_written(servers, tmp_path):
         if path.is_file():
             assert secret not in path.read_text(errors="replace"), path
     assert secret not in repr(request.endpoint)
+
+
+
+def test_raw_host_facts_read_under_a_root_prefix_mark_the_hardware_emulated(tmp_path):
+    from b70ctl.host.facts import collect_facts
+    from b70ctl.verify import load_host_facts
+    from sysfs_trees import sysfs
+
+    root = sysfs.build("b70x2-switch", str(tmp_path / "tree"))
+    emulated = tmp_path / "emulated.json"
+    emulated.write_text(json.dumps(collect_facts(root)))
+    assert load_host_facts(emulated).hardware_root == root
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps({**collect_facts(root), "root": "/"}))
+    assert load_host_facts(real).hardware_root is None
