@@ -161,7 +161,7 @@ class ScriptedServing:
     """The server-owning interface over scripted servers: candidate k serves at rates[k] tok/s; `wrong` ks answer
     other greedy tokens than the baseline; `interrupt_at` stops the tune at that candidate start."""
 
-    def __init__(self, rates: dict[int, float], wrong: frozenset[int] = frozenset(),
+    def __init__(self, rates: dict[int, float | list[float]], wrong: frozenset[int] = frozenset(),
                  no_start: frozenset[int] = frozenset(), interrupt_at: int | None = None):
         self.rates, self.wrong, self.no_start, self.interrupt_at = rates, wrong, no_start, interrupt_at
         self.model = RECIPE.serve.served_model_name
@@ -185,7 +185,9 @@ class ScriptedServing:
         if k in self.no_start:
             raise CandidateFailed(f"vLLM server candidate-k={k} exited with code 1 during start")
         with ScriptedServer(model=self.model) as server:
-            server.default_script = steady_script(self.rates[k])
+            rate = self.rates[k]  # a list: the rate of each start of this candidate in turn
+            server.default_script = steady_script(rate if isinstance(rate, float) else
+                                                  rate[min(self.starts.count(k), len(rate)) - 1])
             if k in self.wrong:
                 server.first_token_id = 999
             yield Endpoint(server.url, model=self.model, timeout_s=10)
@@ -231,6 +233,18 @@ def test_when_the_default_wins_the_report_says_it_was_already_best(tmp_path):
     assert yaml.safe_load((tmp_path / "b70_tuned.yml").read_text())["b70_tuned"]["overrides"] == {}
 
 
+def test_a_halving_winner_that_loses_the_final_leaves_the_default(tmp_path):
+    """k=2 leads every round, then measures below the default when both are served back to back."""
+    servers = ScriptedServing({**SERVED_RATES, 5: 100.0, 2: [240.0, 240.0, 240.0, 150.0]})
+    report = run_tune(RECIPE, servers, tmp_path)
+    assert servers.starts[-2:] == [4, 2]
+    assert report.rounds[-1].kept == [Candidate(overrides={"num_speculative_tokens": 2}).key]
+    assert report.final.winner.score_tok_s == pytest.approx(150.0)
+    assert report.final.default.score_tok_s == pytest.approx(200.0)
+    assert report.outcome == "default_best" and report.tuned_overrides == {}
+    assert report.summary.startswith("the recipe's default was already best: the halving's winner (k=2)")
+
+
 def test_an_interrupted_tune_resumes_with_its_reference_and_measures_only_what_is_left(tmp_path):
     first = ScriptedServing(SERVED_RATES, interrupt_at=8)  # stopped at round 1's third candidate
     with pytest.raises(KeyboardInterrupt):
@@ -263,3 +277,30 @@ def test_the_command_refuses_in_one_line(tmp_path):
         assert done.returncode == 2 and done.stdout == ""
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(message), done.stderr
+
+
+def test_the_plot_has_a_panel_per_knob_with_the_default_marked():
+    """dspark-int4's space: k, draft sampling and batched tokens (whose default, vLLM's own, is not on the grid)."""
+    from b70ctl.tune.model import CandidateResult, Figures
+    from b70ctl.tune.render import scores_svg
+
+    recipe = load_recipe("dspark-int4-tp1")
+    candidates, default = candidates_of(recipe, None)
+    assert len(candidates) == 4 * 2 * 3 + 1 and default.overrides == {
+        "num_speculative_tokens": 7, "draft_sample_method": "probabilistic", "max_num_batched_tokens": None}
+    results = [CandidateResult(key=c.key, label=c.label, overrides=c.overrides, is_default=c == default, rounds=1,
+                               halving=Figures(n=2, median_tok_s=40.0 + index, mad_tok_s=0.0,
+                                               score_tok_s=40.0 + index),
+                               disqualified="greedy outputs differ" if index == 3 else None)
+               for index, c in enumerate(candidates)]
+    now = datetime.now(UTC)
+    report = TuneReport(recipe=recipe.name, vllm_version=recipe.vllm_version, knobs=recipe.tune.knobs(),
+                        default_overrides=default.overrides, workloads=["short"], budget_requests=300,
+                        spent_requests=50, started_at=now, finished_at=now, rounds=[], candidates=results,
+                        outcome="default_best", tuned_overrides={}, summary="test")
+    svg = scores_svg(report)
+    for label in (">k<", ">draft sampling<", ">batched tokens<", ">default<", ">probabilistic<"):
+        assert label in svg
+    default_label = default.label
+    assert f"{default_label}: score 64.0 tok/s" in svg and svg.count('stroke="#d62728"') >= 3  # one ring per panel
+    assert "greedy outputs differ" in svg

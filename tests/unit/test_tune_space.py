@@ -56,6 +56,14 @@ def test_every_candidate_is_a_valid_recipe():
                     assert tuned.serve.speculative.num_speculative_tokens == overrides["num_speculative_tokens"]
 
 
+def test_k_as_a_list_skips_values(tmp_path):
+    def listed(data):
+        data["tune"]["num_speculative_tokens"] = [2, 4]
+
+    assert load_recipe_file(_variant(tmp_path, "cpu-tiny", listed)).tune.grid() == [
+        {"num_speculative_tokens": 2}, {"num_speculative_tokens": 4}]
+
+
 def test_with_overrides_changes_only_the_knobs():
     recipe = load_recipe("dspark-int4-tp1")
     tuned = recipe.with_overrides({"num_speculative_tokens": 5, "draft_sample_method": "greedy",
@@ -91,6 +99,8 @@ def test_with_overrides_changes_only_the_knobs():
         ("dspark-int4-tp1", lambda d: d["tune"].update(oneccl_thresholds={"p2p": {"CCL_X_THRESHOLD": [1]}}),
          "no collectives"),
         ("cpu-tiny", lambda d: d["tune"].update(num_speculative_tokens={"low": 6, "high": 1}), "high is below low"),
+        ("cpu-tiny", lambda d: d["tune"].update(num_speculative_tokens=[]), "give at least one value"),
+        ("cpu-tiny", lambda d: d["tune"].update(num_speculative_tokens=[2, 2]), "listed twice"),
         ("cpu-tiny", lambda d: d["tune"].update(budget_requests=20), "does not cover one round"),
         ("dspark-int4-tp1", lambda d: d["tune"].update(max_num_batched_tokens=list(range(1024, 1024 * 10, 1024))),
          "more than 64"),

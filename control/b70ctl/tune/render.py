@@ -14,6 +14,7 @@ from b70ctl.tune.model import SHORT_NAMES, Figures, TuneReport
 
 CANDIDATE_COLOR = "#1f77b4"
 DEFAULT_COLOR = "#d62728"
+DISQUALIFIED_COLOR = "#7f7f7f"
 PLOT_FILE = "tune-scores.svg"
 
 
@@ -74,8 +75,11 @@ def scores_svg(report: TuneReport) -> str | None:
     knobs = [name for name, values in report.knobs.items() if values]
     if not scored or not knobs:
         return None
+    out = [c for c in report.candidates if c.disqualified is not None]
     legend = [LegendEntry("candidate (score over its requests)", "dot", CANDIDATE_COLOR),
               LegendEntry("the recipe's default", "ring", DEFAULT_COLOR, marker_size=9)]
+    if out:
+        legend.append(LegendEntry("disqualified (at the axis)", "square", DISQUALIFIED_COLOR))
     left, top, bottom, gap = 0.7 * PT_PER_INCH, 0.35 * PT_PER_INCH, 0.55 * PT_PER_INCH, 0.6 * PT_PER_INCH
     panel = 3.0 * PT_PER_INCH
     right = legend_width([entry.label for entry in legend]) + 0.15 * PT_PER_INCH
@@ -107,6 +111,10 @@ def scores_svg(report: TuneReport) -> str | None:
                                    diameter=5)
                 if candidate.is_default:
                     canvas.markers([(x, y)], shape="ring", color=DEFAULT_COLOR, size=9, edge_width=1.5)
+        for candidate in out:
+            x, y = axes.x(values.index(candidate.overrides.get(knob))), axes.bottom
+            canvas.rect(x - 3, y - 6, 6, 6, fill=DISQUALIFIED_COLOR,
+                        title=f"{candidate.label}: disqualified: {candidate.disqualified}")
         labels = ["default" if value is None else str(value) for value in values]
         label_width = axes.ticks(xticks=list(range(len(values))), yticks=yticks, xlabels=labels)
         axes.xlabel(SHORT_NAMES.get(knob, knob), below=3.5 + 3.5 + 9 + 3.5)
