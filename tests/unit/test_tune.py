@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import yaml
@@ -304,3 +305,35 @@ def test_the_plot_has_a_panel_per_knob_with_the_default_marked():
     default_label = default.label
     assert f"{default_label}: score 64.0 tok/s" in svg and svg.count('stroke="#d62728"') >= 3  # one ring per panel
     assert "greedy outputs differ" in svg
+
+
+def test_a_p2p_candidate_reaches_vllm_with_its_k_batched_tokens_and_threshold(tmp_path):
+    """On a B70 host the candidate goes through render_container: its recipe knobs into argv, its oneCCL
+    threshold over the P2P profile's own value, the rest of the profile untouched."""
+    from sysfs_trees import build_tree
+
+    from b70ctl.host.model import load_topology
+    from b70ctl.host.topology import CCL_PROFILES, TOPOLOGY_PATH, topology
+    from b70ctl.serve.render import ServeContext
+    from b70ctl.tune.serving import candidate_command
+
+    recipe = load_recipe("pr620-fp8-tp2")
+    root = build_tree(tmp_path, "b70x2-switch")
+    topology(root, 2, probe="never", write=True)
+    host = load_topology(Path(root) / TOPOLOGY_PATH.lstrip("/"))
+    assert host.profile == "p2p"
+    candidates, default = candidates_of(recipe, host.profile)
+    assert default.overrides == {"num_speculative_tokens": 4, "max_num_batched_tokens": 4096,
+                                 "CCL_SYCL_ALLGATHERV_SMALL_THRESHOLD": 131072}
+    candidate = Candidate(overrides={"num_speculative_tokens": 6, "max_num_batched_tokens": 8192,
+                                     "CCL_SYCL_ALLGATHERV_SMALL_THRESHOLD": 262144})
+    assert candidate in candidates
+    context = ServeContext(model_dir="/models/target", drafter_dir="/models/drafter", host="0.0.0.0", port=8000)
+    command = candidate_command(recipe, candidate, context, host)
+    argv = command.argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 6
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "8192"
+    assert command.env["CCL_SYCL_ALLGATHERV_SMALL_THRESHOLD"] == "262144"
+    for name, value in CCL_PROFILES["p2p"]["env"].items():
+        if name != "CCL_SYCL_ALLGATHERV_SMALL_THRESHOLD":
+            assert command.env[name] == value

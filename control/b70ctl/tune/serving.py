@@ -18,7 +18,9 @@ from typing import Protocol
 
 from b70ctl.checks.client import Endpoint
 from b70ctl.errors import BadInput
+from b70ctl.host.model import TopologyDocument
 from b70ctl.recipes.model import Recipe
+from b70ctl.serve.render import ServeCommand, ServeContext, render_container
 from b70ctl.tune.model import Candidate
 
 
@@ -39,6 +41,15 @@ def server_name(candidate: Candidate) -> str:
     return "candidate-" + (re.sub(r"[^A-Za-z0-9.=]+", "-", candidate.label).strip("-") or "default")
 
 
+def candidate_command(recipe: Recipe, candidate: Candidate, context: ServeContext,
+                      topology: TopologyDocument | None) -> ServeCommand:
+    """The candidate's serve command on an appliance host: the recipe with its overrides through render_container,
+    its oneCCL thresholds on top of the host's profile (the serve context's env wins over the profile's). What a
+    unit-owning implementation of CandidateServers starts."""
+    context = context.model_copy(update={"extra_env": {**context.extra_env, **candidate.host_env}})
+    return render_container(recipe.with_overrides(candidate.overrides), context, topology)
+
+
 class LocalServing:
     """vLLM as local processes (LocalServer), rendered by render_serve like the appliance's unit: one at a time,
     so a candidate's measurement shares the machine with nothing the tune started."""
@@ -57,7 +68,7 @@ class LocalServing:
 
     def _serve(self, name: str, recipe: Recipe, speculative: bool, extra_env: dict[str, str]) -> Iterator[Endpoint]:
         from b70ctl.serve.local import LocalServer, free_port
-        from b70ctl.serve.render import ServeContext, model_paths, render_serve
+        from b70ctl.serve.render import model_paths, render_serve
 
         target, drafter = model_paths(self.models_dir, recipe)
         context = ServeContext(model_dir=target, drafter_dir=drafter, port=free_port(), speculative=speculative,
