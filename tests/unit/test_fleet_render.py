@@ -544,6 +544,8 @@ def test_the_fleet_command_run_twice_says_the_report_is_unchanged(tmp_path):
     first = b70ctl(*command)
     assert first.returncode == 0 and "fleet report unchanged" not in first.stderr, first.stderr
     written = _fleet_files(tmp_path / "out")
+    assert f"wrote {tmp_path / 'out' / 'fleet.md'}" in first.stdout
     second = b70ctl(*command)
     assert second.returncode == 0 and "fleet report unchanged: " in second.stderr, second.stderr
     assert _fleet_files(tmp_path / "out") == written
+    assert "wrote" not in second.stdout and f"unchanged {tmp_path / 'out' / 'fleet.md'}" in second.stdout

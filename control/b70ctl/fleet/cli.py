@@ -18,6 +18,7 @@ from b70ctl.files import write_failure
 
 if TYPE_CHECKING:  # the models are built when a report is made, not at every b70ctl command's start-up
     from b70ctl.fleet.model import FleetReport
+    from b70ctl.fleet.render import FleetFiles
 
 app = typer.Typer(no_args_is_help=True, help="Fleet replication reports from many hosts' reports.")
 
@@ -26,8 +27,8 @@ def exit_code(report: FleetReport) -> int:
     return 0 if report.all_met else 1
 
 
-def _print_summary(report: FleetReport, paths: dict[str, Path]) -> None:
-    out = Console(highlight=False)  # stdout: the command's output for people (`| tee` keeps it)
+def _print_summary(report: FleetReport, files: FleetFiles) -> None:
+    out = Console(highlight=False, soft_wrap=True)  # stdout, unwrapped: `| tee` and grep keep whole lines
     summary = report.summary
     style = "green" if report.all_met else "red"
     out.print(f"[bold {style}]{summary.all_claims_met} of {summary.hosts} hosts met every claim[/]  "
@@ -46,8 +47,8 @@ def _print_summary(report: FleetReport, paths: dict[str, Path]) -> None:
             out.print(f"  outliers: {', '.join(hosts[:10])}{' ...' if len(hosts) > 10 else ''}")
     for problem in report.problems:
         out.print(f"[yellow]{problem.kind}[/] ({problem.action}): {problem.reason}", soft_wrap=True)
-    for path in paths.values():
-        out.print(f"wrote {path}")
+    for path in files.values():
+        out.print(f"{'wrote' if files.written else 'unchanged'} {path}")
 
 
 @app.command("report")
@@ -64,11 +65,11 @@ def report_command(
 
     report = aggregate(reports_dir)
     try:
-        paths = write_fleet_report(report, out)
+        files = write_fleet_report(report, out)
     except OSError as error:
         raise BadInput(f"--out {out}: {write_failure(error, out)}") from error
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
-        _print_summary(report, paths)
+        _print_summary(report, files)
     raise typer.Exit(exit_code(report))

@@ -483,7 +483,15 @@ def previous_generation(report: FleetReport, out_dir: Path) -> datetime | None:
     return generated_at
 
 
-def write_fleet_report(report: FleetReport, out_dir: Path) -> dict[str, Path]:
+class FleetFiles(dict[str, Path]):
+    """The fleet files' paths by name, and whether this run wrote them (False: left as an earlier run wrote them)."""
+
+    def __init__(self, paths: dict[str, Path], written: bool):
+        super().__init__(paths)
+        self.written = written
+
+
+def write_fleet_report(report: FleetReport, out_dir: Path) -> FleetFiles:
     """fleet.json, fleet.md and fleet.html in out_dir; returns their paths by name.
 
     A re-run over unchanged host reports leaves the three files untouched (the play that runs it reports no
@@ -496,9 +504,9 @@ def write_fleet_report(report: FleetReport, out_dir: Path) -> dict[str, Path]:
             report.generated_at = generated_at
             sys.stderr.write(f"fleet report unchanged: {out_dir} left as generated at "
                              f"{generated_at:%Y-%m-%d %H:%M:%S %Z}\n")
-            return paths
+            return FleetFiles(paths, written=False)
         texts = {FLEET_JSON: _json_text(report), FLEET_MD: render_markdown(report),
                  FLEET_HTML: render_html(report, out_dir)}
         for name, text in texts.items():
             write_text_atomically(paths[name], text)
-    return paths
+    return FleetFiles(paths, written=True)
