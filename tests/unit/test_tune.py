@@ -337,3 +337,38 @@ def test_a_p2p_candidate_reaches_vllm_with_its_k_batched_tokens_and_threshold(tm
     for name, value in CCL_PROFILES["p2p"]["env"].items():
         if name != "CCL_SYCL_ALLGATHERV_SMALL_THRESHOLD":
             assert command.env[name] == value
+
+
+def test_the_command_end_to_end_stopped_then_resumed(tmp_path, monkeypatch):
+    """`b70ctl tune` with the scripted servers in place of local vLLM: SIGTERM mid-way (as systemd stops it) exits
+    143 keeping the measurements; the same command then resumes and prints tune.json with --json."""
+    from typer.testing import CliRunner
+
+    import b70ctl.embedded
+    import b70ctl.tune.serving
+    from b70ctl.cli import app
+    from b70ctl.verify import Terminated
+
+    class Stopped(ScriptedServing):
+        def candidate(self, candidate: Candidate):
+            if len(self.starts) == 3:
+                raise Terminated()
+            return super().candidate(candidate)
+
+    serving = {"class": Stopped}
+    monkeypatch.setattr(b70ctl.embedded, "ensure_models", lambda recipe, models_dir: {"changed": False})
+    monkeypatch.setattr(b70ctl.tune.serving, "LocalServing",
+                        lambda recipe, models, logs, **options: serving["class"](SERVED_RATES))
+    runner = CliRunner()
+    stopped = runner.invoke(app, ["tune", "--out", str(tmp_path), "--models-dir", str(tmp_path / "models")])
+    assert stopped.exit_code == 143, stopped.output
+    assert "the same command resumes from it" in stopped.output
+    lines = (tmp_path / STATE_FILE).read_text().splitlines()
+    assert len(lines) == 1 + 3  # the space, then the three candidates measured before the stop
+    serving["class"] = ScriptedServing
+    resumed = runner.invoke(app, ["tune", "--out", str(tmp_path), "--models-dir", str(tmp_path / "models"),
+                                  "--json"])
+    assert resumed.exit_code == 0, resumed.output
+    printed = TuneReport.model_validate_json(resumed.stdout[resumed.stdout.index("{"):])
+    assert printed.tuned_overrides == {"num_speculative_tokens": 5}
+    assert printed == TuneReport.model_validate_json((tmp_path / "tune.json").read_text())

@@ -34,7 +34,8 @@ def tune_command(
     each candidate served, checked for greedy identity with the target-only baseline and scored by median - 1.4826
     x MAD of its decode rate; the winner is re-measured against the recipe's default. Resumes an interrupted tune.
 
-    Exit 0 when a result was written, 1 when no candidate passed greedy correctness, 2 on bad input."""
+    Exit 0 when a result was written, 1 when no candidate passed greedy correctness, 2 on bad input, 143 when
+    stopped by SIGTERM (130 by Ctrl-C): a re-run resumes."""
     from b70ctl.embedded import default_cache_dir, ensure_models
     from b70ctl.recipes import load_recipe
     from b70ctl.tune.render import write_tune_outputs
@@ -63,7 +64,17 @@ def tune_command(
     progress(f"tiny models in {models} (generated once)")
     ensure_models(loaded, models)
     servers = LocalServing(loaded, models, out / "logs", timeout_s=start_timeout, progress=progress)
-    report = run_tune(loaded, servers, out, progress=progress, budget_requests=budget_requests)
+    from b70ctl.tune.state import STATE_FILE
+    from b70ctl.verify import Terminated, _sigterm_ends_the_run
+
+    try:
+        # SIGTERM (systemd, Ansible) unwinds like Ctrl-C: the servers started are stopped, the measurements stay.
+        with _sigterm_ends_the_run():
+            report = run_tune(loaded, servers, out, progress=progress, budget_requests=budget_requests)
+    except (KeyboardInterrupt, Terminated) as stop:
+        console.print(f"stopped: what was measured is kept in {out / STATE_FILE}; the same command resumes from it",
+                      highlight=False, soft_wrap=True)
+        raise typer.Exit(143 if isinstance(stop, Terminated) else 130) from None
     write_tune_outputs(report, out)
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
