@@ -111,3 +111,14 @@ def test_with_overrides_changes_only_the_knobs():
 def test_bad_spaces_are_refused(tmp_path, name, edit, message):
     with pytest.raises(BadInput, match=message):
         load_recipe_file(_variant(tmp_path, name, edit))
+
+
+def test_the_search_space_is_not_part_of_the_appliance_hash():
+    """A tune section says what may be tried, not what is served: adding or changing it restarts nothing."""
+    from b70ctl.lock.model import appliance_hash, load_recipe_and_lock
+
+    recipe, lock, _ = load_recipe_and_lock("cpu-tiny")
+    without = recipe.model_copy(update={"tune": None})
+    assert appliance_hash(recipe, lock) == appliance_hash(without, lock)
+    served_differently = recipe.with_overrides({"num_speculative_tokens": 2})
+    assert appliance_hash(served_differently, lock) != appliance_hash(recipe, lock)

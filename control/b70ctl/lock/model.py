@@ -308,8 +308,10 @@ def write_lock(lock: Lock, path: Path) -> bool:
 
 def appliance_hash(recipe: Recipe, lock: Lock) -> str:
     """sha256 of the recipe and its lock as canonical JSON of their validated models: every pinned input is in
-    it, and nothing else (file formatting, key order and comments are gone after parsing)."""
-    document = canonical_json({"recipe": recipe.model_dump(mode="json"), "lock": lock.model_dump(mode="json")})
+    it, and nothing else (file formatting, key order and comments are gone after parsing). The tune section is
+    what `b70ctl tune` may try, not what is served: a new search space restarts no server."""
+    document = canonical_json({"recipe": recipe.model_dump(mode="json", exclude={"tune"}),
+                               "lock": lock.model_dump(mode="json")})
     return "sha256:" + hashlib.sha256(document.encode()).hexdigest()
 
 
