@@ -1,5 +1,6 @@
 """b70ctl tune on real vLLM (CPU): a small space (k in {2, 4}, k=4 the recipe's default), one request per workload,
-so the whole tune is five server starts (the baseline, two candidates, the final pair) and a few dozen requests.
+so the whole tune is at most five server starts (the baseline, two candidates, the final pair) and a few dozen
+requests (7 min on this machine kind under load, load average 8 falling to 4).
 
 The candidates and the baseline run at TP=1 here to keep the starts short; the machinery is the command's own:
 LocalServing renders each candidate with render_serve, the reference comes from the target-only baseline, and
