@@ -17,8 +17,6 @@ import json
 import os
 import tempfile
 
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: b70_model_dir
 short_description: Compare, verify and record an installed model directory against its manifest
@@ -149,6 +147,10 @@ def record(directory: str, wanted: dict[str, dict], verified: list[str], check_m
 
 
 def main() -> None:
+    # Imported here, not at the top: importing ansible.module_utils patches sys.intern for the whole process,
+    # which breaks torch in a test process that loads this module for its functions.
+    from ansible.module_utils.basic import AnsibleModule
+
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "required": True},
