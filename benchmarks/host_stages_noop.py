@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Wall seconds of a no-op re-run of the site.yml host stages: one host, and four hosts in parallel (forks).
+"""Wall seconds of no-op re-runs: the host stages (playbooks/host.yml) on 1, 4 and 16 hosts in parallel, and the
+whole site.yml (CPU vLLM image, tiny models, serving, verify) on one host.
 
-Brings up four systemd test hosts (scripts/testhosts; prefix b70-bench), gives them their emulated hardware and
-the local apt repository exactly as the appliance tests do, provisions them once, then times the re-runs, which
-must change nothing. Prints one table; tears the hosts down unless --keep. Needs root.
+Brings up systemd test hosts (scripts/testhosts; prefix b70-bench), gives them their emulated hardware and the
+local apt repository exactly as the appliance tests do, provisions them once, then times the re-runs, which must
+change nothing. The load average (1 min) is printed beside each run: the machine's other work moves the figures.
+Prints one table; tears the hosts down unless --keep (--reuse keeps hosts already up from an earlier --keep).
+Needs root.
 
-    .venv/bin/python benchmarks/host_stages_noop.py [--repeats 2] [--keep]
+    .venv/bin/python benchmarks/host_stages_noop.py [--sizes 1,4,16] [--site] [--repeats 2] [--keep] [--reuse]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -22,46 +26,63 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "applianc
 from provision import run_playbook, start_hosts, testhosts, write_inventory  # noqa: E402
 
 PREFIX = "b70-bench"
-SUBNET = "172.30.73.0/24"
-SCENARIOS = {1: "b70x2-switch", 2: "b70x2-root-ports", 3: "b70x2-switch", 4: "b70x2-root-ports"}
+SUBNET = "172.30.78.0/24"
+SCENARIOS = ("b70x2-switch", "b70x2-root-ports")
 
 
-def timed_noop_run(inventory: Path, forks: int, limit: str | None) -> float:
-    args = ["--forks", str(forks)] + (["--limit", limit] if limit else [])
+def timed_noop_run(inventory: Path, forks: int, playbook: str) -> tuple[float, float]:
+    """(wall seconds, 1-minute load average when it started) of a run that must change nothing."""
+    load_1min = os.getloadavg()[0]
     started = time.monotonic()
-    run = run_playbook(inventory, *args, playbook="playbooks/host.yml")
+    run = run_playbook(inventory, "--forks", str(forks), playbook=playbook)
     wall_s = time.monotonic() - started
     changed = {host: counts["changed"] for host, counts in run.recap.items()}
     if run.returncode != 0 or any(changed.values()):
-        raise SystemExit(f"not a no-op run (exit {run.returncode}, changed {changed}):\n{run.output[-3000:]}")
-    return wall_s
+        raise SystemExit(f"{playbook}: not a no-op run (exit {run.returncode}, changed {changed}):\n"
+                         f"{run.output[-3000:]}")
+    return wall_s, load_1min
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1,4,16", help="host counts for the host stages (comma-separated)")
+    parser.add_argument("--site", action="store_true", help="also time the whole site.yml on one host")
     parser.add_argument("--repeats", type=int, default=2, help="timed re-runs per configuration (median shown)")
     parser.add_argument("--keep", action="store_true", help="leave the hosts running afterwards")
+    parser.add_argument("--reuse", action="store_true", help="keep hosts already running under the prefix")
     args = parser.parse_args()
+    sizes = sorted({int(size) for size in args.sizes.split(",")})
+    rows: list[tuple[str, int, list[tuple[float, float]]]] = []
     with tempfile.TemporaryDirectory(prefix="b70-bench-") as work:
         work_dir = Path(work)
         try:
-            hosts, ssh_key = start_hosts(PREFIX, SUBNET, SCENARIOS, work_dir)
-            inventory = write_inventory(work_dir / "bench.yml", hosts, ssh_key)
+            scenarios = {index: SCENARIOS[(index - 1) % 2] for index in range(1, max(sizes) + 1)}
+            hosts, ssh_key = start_hosts(PREFIX, SUBNET, scenarios, work_dir, fresh=not args.reuse)
+            largest = write_inventory(work_dir / "all.yml", hosts, ssh_key)
             started = time.monotonic()
-            first = run_playbook(inventory, "--forks", "4", playbook="playbooks/host.yml")
+            first = run_playbook(largest, "--forks", str(len(hosts)), playbook="playbooks/host.yml")
             if first.returncode != 0:
                 raise SystemExit(f"provisioning failed:\n{first.output[-3000:]}")
-            provision_s = time.monotonic() - started
-            one = [timed_noop_run(inventory, 1, hosts[0].name) for _ in range(args.repeats)]
-            four = [timed_noop_run(inventory, 4, None) for _ in range(args.repeats)]
+            print(f"host stages, first run on {len(hosts)} host(s): {time.monotonic() - started:.1f} s", flush=True)
+            if args.site:
+                one = write_inventory(work_dir / "site-1.yml", hosts[:1], ssh_key)
+                first = run_playbook(one, playbook="site.yml")
+                if first.returncode != 0:
+                    raise SystemExit(f"site.yml failed:\n{first.output[-3000:]}")
+                rows.append(("site.yml", 1, [timed_noop_run(one, 1, "site.yml") for _ in range(args.repeats)]))
+            for size in sizes:
+                inventory = write_inventory(work_dir / f"hosts-{size}.yml", hosts[:size], ssh_key)
+                runs = [timed_noop_run(inventory, size, "playbooks/host.yml") for _ in range(args.repeats)]
+                rows.append(("playbooks/host.yml", size, runs))
         finally:
             if not args.keep:
                 testhosts("down", "--prefix", PREFIX)
-    print(f"host stages, no-op re-run (changed=0), wall seconds, median of {args.repeats}")
-    print(f"{'hosts':>6} {'forks':>6} {'wall_s':>8}   runs")
-    print(f"{1:>6} {1:>6} {statistics.median(one):>8.1f}   {' '.join(f'{s:.1f}' for s in one)}")
-    print(f"{4:>6} {4:>6} {statistics.median(four):>8.1f}   {' '.join(f'{s:.1f}' for s in four)}")
-    print(f"(first provisioning of the 4 hosts, forks 4: {provision_s:.1f} s)")
+    print(f"no-op re-run (changed=0), wall seconds, median of {args.repeats}; load average (1 min) at each start")
+    print(f"{'playbook':<20} {'hosts':>5} {'forks':>5} {'wall_s':>7}   runs (wall_s @ load)")
+    for playbook, size, runs in rows:
+        median = statistics.median(wall for wall, _ in runs)
+        detail = " ".join(f"{wall:.1f}@{load:.1f}" for wall, load in runs)
+        print(f"{playbook:<20} {size:>5} {size:>5} {median:>7.1f}   {detail}")
 
 
 if __name__ == "__main__":
