@@ -381,6 +381,37 @@ def _empty(directory: Path) -> Path:
     return directory
 
 
+# --- recorded greedy references (verify --reference): refused before any request ------------------------------
+
+
+def _reference(content: bytes | None, directory: bool = False) -> Callable[[Path], Invocation]:
+    def build(work: Path) -> Invocation:
+        reference = work / "ref.json"
+        if directory:
+            reference.mkdir()
+        elif content is not None:
+            reference.write_bytes(content)
+        return Invocation(["verify", "--endpoint", "http://127.0.0.1:9", "--recipe", "cpu-tiny", "--check",
+                           "correctness", "--reference", str(reference), "--out", str(work / "out")],
+                          may_write=[work / "out"])
+    return build
+
+
+REFERENCE_CASES = [
+    Case("reference-not-utf8", _reference(b"\xff\xfe{}"), 2, r"reference file .*: not UTF-8 text"),
+    Case("reference-directory", _reference(None, directory=True), 2, r"reference file .*: Is a directory"),
+    Case("reference-missing", _reference(None), 2, r"reference file .*: No such file"),
+    Case("reference-truncated", _reference(b'{"schema_version": 1, "prompts": ['), 2, r"not valid JSON"),
+    Case("reference-a-list", _reference(b"[]"), 2, r"expected a JSON object"),
+    Case("reference-other-schema", _reference(b'{"schema_version": 99}'), 2, r"schema_version is 99"),
+]
+
+
+@pytest.mark.parametrize("case", REFERENCE_CASES, ids=lambda case: case.id)
+def test_reference_files(case: Case, tmp_path: Path) -> None:
+    run_case(case, tmp_path)
+
+
 @pytest.mark.parametrize("case", DRAFTER_CASES, ids=lambda case: case.id)
 def test_drafter_dirs(case: Case, tmp_path: Path) -> None:
     run_case(case, tmp_path)

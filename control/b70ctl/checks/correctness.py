@@ -132,7 +132,10 @@ def load_reference(path: Path, recipe: Recipe) -> Reference:
     path = Path(path)
     hint = _rerecord_hint(recipe, path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadInput(f"reference file {path}: not UTF-8 text (byte {error.start}), not a recorded reference: "
+                       f"{hint}") from error
     except OSError as error:
         raise BadInput(f"reference file {path}: {error.strerror}: give an existing file or {hint}") from error
     try:
