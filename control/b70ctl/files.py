@@ -1,7 +1,8 @@
 """Whole files or nothing: every document b70ctl writes goes through here.
 
 The text is written to a temporary file beside the target, flushed to disk, and renamed over the target, so
-a reader (or a run killed mid-write) sees the old file or the new one, never half of one.
+a reader (or a run killed mid-write) sees the old file or the new one, never half of one. JSON documents a user
+hands in are read here too, so each way a file can be wrong is worded once.
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from b70ctl.errors import BadInput
 
 
 def write_text_atomically(path: Path, text: str, mode: int = 0o644) -> None:
@@ -59,3 +63,22 @@ def write_json_atomically(path: Path, data: Any, mode: int = 0o644, compact: boo
     text = (json.dumps(data, separators=(",", ":"), sort_keys=sort_keys) if compact
             else json.dumps(data, indent=2, sort_keys=sort_keys) + "\n")
     write_text_atomically(path, text, mode)
+
+
+def read_json_object(source: str | Path, where: str, fix: str) -> dict[str, Any]:
+    """A JSON object from a file, or from stdin when source is '-'. A file that is missing, a directory, not
+    UTF-8, not JSON or not an object is one BadInput line: `where`, the problem, `fix`."""
+    try:
+        text = sys.stdin.read() if str(source) == "-" else Path(source).read_bytes().decode("utf-8")
+        data: Any = json.loads(text)
+    except UnicodeDecodeError as error:
+        raise BadInput(f"{where}: not UTF-8 text (byte {error.start}): {fix}") from error
+    except IsADirectoryError as error:
+        raise BadInput(f"{where}: is a directory: {fix}") from error
+    except OSError as error:
+        raise BadInput(f"{where}: {error.strerror}: {fix}") from error
+    except json.JSONDecodeError as error:
+        raise BadInput(f"{where}: not valid JSON (line {error.lineno}): {fix}") from error
+    if not isinstance(data, dict):
+        raise BadInput(f"{where}: expected a JSON object, found {type(data).__name__}: {fix}")
+    return data

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import shutil
 import signal
@@ -35,7 +34,7 @@ from b70ctl.checks.metrics import MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import run_throughput, throughput_measurements
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import write_text_atomically
+from b70ctl.files import read_json_object, write_text_atomically
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.html import render_html
 from b70ctl.report.markdown import render_markdown
@@ -65,18 +64,7 @@ class VerifyRequest:
 def load_host_facts(path: Path) -> Environment:
     """The host facts a report records; a file that is not one is refused naming the field, before any request."""
     fix = "pass the host_facts.json `b70ctl host environment` wrote (or `b70ctl host facts --json`)"
-    try:
-        facts = json.loads(Path(path).read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise BadInput(f"host facts {path}: not UTF-8 text (byte {error.start}): {fix}") from error
-    except IsADirectoryError as error:
-        raise BadInput(f"host facts {path}: is a directory: {fix}") from error
-    except OSError as error:
-        raise BadInput(f"host facts {path}: {error.strerror}: {fix}") from error
-    except json.JSONDecodeError as error:
-        raise BadInput(f"host facts {path}: not valid JSON (line {error.lineno}): {fix}") from error
-    if not isinstance(facts, dict):
-        raise BadInput(f"host facts {path}: expected a JSON object, found {type(facts).__name__}: {fix}")
+    facts = read_json_object(path, f"host facts {path}", fix)
     known = {key: facts[key] for key in HOST_FACT_FIELDS if facts.get(key) is not None}
     # Raw `b70ctl host facts --json` names its tree `root`: read anywhere but "/", the hardware is emulated.
     if "hardware_root" not in known and isinstance(facts.get("root"), str) and facts["root"] != "/":

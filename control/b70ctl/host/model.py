@@ -9,13 +9,13 @@ hand-edited, stale or mistyped file is refused with the field and the fix instea
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from b70ctl.errors import BadInput, first_problem
+from b70ctl.files import read_json_object
 from b70ctl.host.topology import CCL_PROFILES, TOPOLOGY_SCHEMA_VERSION
 
 Profile = Literal["p2p", "no-p2p"]
@@ -194,19 +194,7 @@ FACTS_FIX = "give the output of `b70ctl host facts --json` (the host's b70 Ansib
 def load_facts(source: str) -> FactsDocument:
     """A host's facts from a file or '-' (stdin): how the controller checks a host it is not on."""
     where = "host facts on stdin" if source == "-" else f"host facts {source}"
-    try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_bytes().decode("utf-8")
-        data: Any = json.loads(text)
-    except UnicodeDecodeError as error:
-        raise BadInput(f"{where}: not UTF-8 text (byte {error.start}): {FACTS_FIX}") from error
-    except IsADirectoryError as error:
-        raise BadInput(f"{where}: is a directory: {FACTS_FIX}") from error
-    except OSError as error:
-        raise BadInput(f"{where}: {error.strerror}: {FACTS_FIX}") from error
-    except json.JSONDecodeError as error:
-        raise BadInput(f"{where}: not valid JSON (line {error.lineno}): {FACTS_FIX}") from error
-    if not isinstance(data, dict):
-        raise BadInput(f"{where}: expected a JSON object, found {type(data).__name__}: {FACTS_FIX}")
+    data = read_json_object(source, where, FACTS_FIX)
     try:
         return FactsDocument.model_validate(data)
     except ValidationError as error:
