@@ -23,6 +23,9 @@ GRID_COLOR = "#b0b0b0"
 GRID_OPACITY = 0.3
 LEGEND_EDGE_COLOR = "#cccccc"
 LEGEND_SIZE = 9  # as the tick labels: legends are read, not glanced at
+# The categorical colors of every plot (matplotlib's tab10 order, without the red claims are drawn in and the gray).
+CLAIM_COLOR = "#d62728"  # a claim's line and band, in every plot
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 CHAR_WIDTH = 0.56  # of the font size: the average advance of DejaVu Sans, for layout estimates only
 ASCENT = 0.73  # of the font size: baseline below the top of the text, for layout
 TICK_LENGTH = 3.5

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from b70ctl.fleet import stats
 from b70ctl.fleet.model import FIELD_LABELS, ClaimLine, FingerprintGroup, HostEntry, RecipeFleet, WorkloadFigures
 from b70ctl.svg import (
+    CLAIM_COLOR,
     LEGEND_SIZE,
+    PALETTE,
     PT_PER_INCH,
     TICK_LENGTH,
     TICK_PAD,
@@ -31,9 +33,7 @@ from b70ctl.svg import (
 CURVES_UP_TO_HOSTS = 60
 NAMED_TICKS_UP_TO_HOSTS = 40
 ANNOTATED_OUTLIERS_PER_PANEL = 8
-GROUP_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 OTHER_COLOR = "#7f7f7f"
-CLAIM_COLOR = "#d62728"
 HOST_CURVE_COLOR = "#555555"
 USABLE = ("verified", "partial")
 
@@ -71,8 +71,8 @@ def _host_colors(fleet: RecipeFleet) -> tuple[dict[str, str], list[tuple[str, st
     legend: list[tuple[str, str]] = []
     other_hosts = 0
     for index, group in enumerate(fleet.fingerprint_groups):
-        color = GROUP_COLORS[index] if index < len(GROUP_COLORS) else OTHER_COLOR
-        if index < len(GROUP_COLORS):
+        color = PALETTE[index] if index < len(PALETTE) else OTHER_COLOR
+        if index < len(PALETTE):
             legend.append((color, _group_label(group)))
         else:
             other_hosts += len(group.hosts)
@@ -287,7 +287,7 @@ def drift_effects_svg(fleet: RecipeFleet) -> str | None:
     label_positions = [index + 0.4 - bar_height / 2 for index in range(len(effects))]
     axes.grid(xticks=xticks, yticks=label_positions)
     for offset, (workload, row) in enumerate(zip(workloads, relative, strict=True)):
-        color = GROUP_COLORS[offset % len(GROUP_COLORS)]
+        color = PALETTE[offset % len(PALETTE)]
         for index, value in enumerate(row):
             center = index + offset * bar_height
             bar_top, bar_bottom = axes.y(center - bar_height / 2), axes.y(center + bar_height / 2)
@@ -303,7 +303,7 @@ def drift_effects_svg(fleet: RecipeFleet) -> str | None:
     # The title, then the workloads' colors in one row under it, flush right, above the plot.
     canvas.text(axes.left, axes.top - 8 - LEGEND_SIZE - 8, f"{fleet.recipe}: what drift costs", size=10)
     size, handle, gap, spacing = LEGEND_SIZE, 2 * LEGEND_SIZE, 0.8 * LEGEND_SIZE, 2 * LEGEND_SIZE
-    entries = [LegendEntry(workload, "bar", GROUP_COLORS[offset % len(GROUP_COLORS)])
+    entries = [LegendEntry(workload, "bar", PALETTE[offset % len(PALETTE)])
                for offset, workload in enumerate(workloads)]
     x = axes.right - sum(handle + gap + text_width(e.label, size) for e in entries) - spacing * (len(entries) - 1)
     for entry in entries:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from b70ctl.recipes.model import Claim, Recipe
 from b70ctl.report.model import Report, RequestSample
 from b70ctl.svg import (
+    CLAIM_COLOR,
+    PALETTE,
     PT_PER_INCH,
     TICK_LENGTH,
     TICK_PAD,
@@ -22,10 +24,8 @@ from b70ctl.svg import (
     nice_ticks,
 )
 
-CLAIM_COLOR = "#d62728"
 ENGINE_COLOR = "#1f77b4"
 CLIENT_COLOR = "#ff7f0e"
-WORKLOAD_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 
 
 def _decode_claims(recipe: Recipe, workload: str) -> list[Claim]:
@@ -131,7 +131,7 @@ def acceptance_per_position_svg(report: Report, recipe: Recipe) -> str | None:
         return None
     claims = [claim for claim in recipe.claims if claim.op == "per_position" and claim.values
               and any(claim.metric == f"throughput.{name}.per_position_acceptance" for name, _ in curves)]
-    legend = [LegendEntry(name, "line_dot", WORKLOAD_COLORS[index % len(WORKLOAD_COLORS)])
+    legend = [LegendEntry(name, "line_dot", PALETTE[index % len(PALETTE)])
               for index, (name, _) in enumerate(curves)]
     legend += [LegendEntry(f"claim {claim.id}", "dashed_square", CLAIM_COLOR) for claim in claims]
     if claims:
@@ -159,7 +159,7 @@ def acceptance_per_position_svg(report: Report, recipe: Recipe) -> str | None:
                         + (f" (±{slack[0]:.2f})" if slack and len(set(slack)) == 1 else ""))
         canvas.markers(points, shape="square", color=CLAIM_COLOR, size=4)
     for index, (name, curve) in enumerate(curves):
-        color = WORKLOAD_COLORS[index % len(WORKLOAD_COLORS)]
+        color = PALETTE[index % len(PALETTE)]
         points = [(axes.x(p), axes.y(v)) for p, v in enumerate(curve, start=1)]
         canvas.polyline(points, color=color, width=2, title=f"{name}: " + " ".join(f"{v:.2f}" for v in curve))
         canvas.titled_dots([(x, y, f"{name}, position {p}: {v:.3f}")
