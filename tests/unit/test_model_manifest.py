@@ -85,11 +85,25 @@ def test_manifest_command_prints_json_for_each_directory(fetched):
 
 
 def _install(source: Path, host_dir: Path, files: list[dict]) -> dict:
-    """The role's three steps: plan, send what the plan lists (the copy task), verify and record."""
+    """The role's three steps: plan, send what the plan lists (b70_model_send's chunks, staged in a directory
+    standing in for Ansible's temporary one), verify and record."""
     wanted = model_dir.wanted_files(files)
     planned = model_dir.plan(str(host_dir), wanted)
+    staging = host_dir.parent / "staged-chunks"
+    staging.mkdir(exist_ok=True)
     for path in planned["send"]:
-        shutil.copyfile(source / path, host_dir / path)
+        entry = next(entry for entry in files if entry["path"] == path)
+
+        def stage(index: int, offset: int, length: int) -> str:
+            with open(source / path, "rb") as handle:
+                handle.seek(offset)
+                (staging / str(index)).write_bytes(handle.read(length))
+            return str(staging / str(index))
+
+        def host(chunk_sha256: list[str], staged: dict[str, str], finish: bool) -> dict:
+            return model_dir.transfer_chunks(str(host_dir), entry, 4096, chunk_sha256, staged, finish)
+
+        model_dir.send_file(str(source / path), entry, 4096, 4 * 4096, host, stage)
     if not planned["in_place"]:
         recorded = model_dir.record(str(host_dir), wanted, planned["verified"])
         assert recorded["bad"] == []
