@@ -27,7 +27,10 @@ from b70ctl.tune.search import plan_rounds, successive_halving
 from b70ctl.tune.serving import CandidateFailed
 from b70ctl.tune.state import STATE_FILE, TuneState
 
-RECIPE = load_recipe("cpu-tiny")  # k 1..6, default k=4; four workloads on the endpoint
+CPU_TINY = load_recipe("cpu-tiny")  # draft model k 1..6 (default k=4) and four ngram candidates
+# The halving's tests: the draft model's k alone (six candidates), four workloads on the endpoint.
+RECIPE = CPU_TINY.model_copy(update={"tune": CPU_TINY.tune.model_copy(update={"ngram": None,
+                                                                               "budget_requests": 120})})
 WORKLOADS = 4
 
 
@@ -158,11 +161,17 @@ def steady_script(tok_s: float) -> Script:
     return Script(ttft_s=0.002, offsets_s=[index / tok_s for index in range(9)], tokens_per_chunk=[1] * 9)
 
 
-class ScriptedServing:
-    """The server-owning interface over scripted servers: candidate k serves at rates[k] tok/s; `wrong` ks answer
-    other greedy tokens than the baseline; `interrupt_at` stops the tune at that candidate start."""
+def rate_key(candidate: Candidate) -> int | str:
+    """A draft-model candidate by its k, an ngram candidate by its label."""
+    return candidate.label if candidate.overrides.get("method") == "ngram" else k_of(candidate)
 
-    def __init__(self, rates: dict[int, float | list[float]], wrong: frozenset[int] = frozenset(),
+
+class ScriptedServing:
+    """The server-owning interface over scripted servers: candidate k serves at rates[k] tok/s (an ngram candidate
+    at rates[its label], else 100 tok/s); `wrong` ks answer other greedy tokens than the baseline; `interrupt_at`
+    stops the tune at that candidate start."""
+
+    def __init__(self, rates: dict[int | str, float | list[float]], wrong: frozenset[int | str] = frozenset(),
                  no_start: frozenset[int] = frozenset(), interrupt_at: int | None = None):
         self.rates, self.wrong, self.no_start, self.interrupt_at = rates, wrong, no_start, interrupt_at
         self.model = RECIPE.serve.served_model_name
@@ -181,12 +190,12 @@ class ScriptedServing:
     def candidate(self, candidate: Candidate):
         if self.interrupt_at is not None and len(self.starts) == self.interrupt_at:
             raise KeyboardInterrupt
-        k = k_of(candidate)
+        k = rate_key(candidate)
         self.starts.append(k)
         if k in self.no_start:
             raise CandidateFailed(f"vLLM server candidate-k={k} exited with code 1 during start")
         with ScriptedServer(model=self.model) as server:
-            rate = self.rates[k]  # a list: the rate of each start of this candidate in turn
+            rate = self.rates.get(k, 100.0)  # a list: the rate of each start of this candidate in turn
             server.default_script = steady_script(rate if isinstance(rate, float) else
                                                   rate[min(self.starts.count(k), len(rate)) - 1])
             if k in self.wrong:
@@ -260,6 +269,46 @@ def test_an_interrupted_tune_resumes_with_its_reference_and_measures_only_what_i
     assert report.spent_requests == expected.spent_requests
 
 
+NGRAM_FAST = "ngram, k=4, lookup min=2, lookup max=4"
+NGRAM_WRONG = "ngram, k=2, lookup min=2, lookup max=2"
+
+
+def test_ngram_candidates_are_served_gated_and_scored_like_the_draft_models(tmp_path):
+    """cpu-tiny's whole space: an ngram candidate that answers other greedy tokens is out whatever its speed (the
+    same gate), the fastest ngram candidate wins the halving and the final, and what is applied names ngram with
+    its window."""
+    servers = ScriptedServing({**SERVED_RATES, 5: 100.0, NGRAM_FAST: 320.0, NGRAM_WRONG: 900.0},
+                              wrong=frozenset({NGRAM_WRONG}))
+    report = run_tune(CPU_TINY, servers, tmp_path)
+    write_tune_outputs(report, tmp_path)
+    # round 0: ten candidates; round 1: the best five by score; round 2: three; the final: default, then winner
+    assert servers.starts[:10] == [1, 2, 3, 4, 5, 6, NGRAM_WRONG, "ngram, k=2, lookup min=2, lookup max=4",
+                                   "ngram, k=4, lookup min=2, lookup max=2", NGRAM_FAST]
+    assert servers.starts[10:15] == [NGRAM_FAST, 2, 3, 4, 6]
+    assert servers.starts[15:] == [NGRAM_FAST, 2, 3, 4, NGRAM_FAST]
+    results = {c.label: c for c in report.candidates}
+    assert "greedy outputs differ" in results[NGRAM_WRONG].disqualified and results[NGRAM_WRONG].rounds == 1
+    assert results[NGRAM_FAST].halving.score_tok_s == pytest.approx(320.0)
+    assert results["draft_model, k=4"].is_default
+    assert report.outcome == "tuned" and report.tuned_overrides == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert report.final.winner.score_tok_s == pytest.approx(320.0)
+    assert report.final.default.score_tok_s == pytest.approx(200.0)
+    assert report.spent_requests <= report.budget_requests == 160
+    # The knobs as served: both methods, the union of k, and the window of the ngram candidates only.
+    assert report.knobs == {"method": ["draft_model", "ngram"], "num_speculative_tokens": [1, 2, 3, 4, 5, 6],
+                            "prompt_lookup_min": [2], "prompt_lookup_max": [2, 4]}
+    (tuned,) = yaml.safe_load((tmp_path / "b70_tuned.yml").read_text()).values()
+    assert CPU_TINY.with_overrides(tuned["overrides"]).serve.speculative.method == "ngram"
+    svg = (tmp_path / "tune-scores.svg").read_text()
+    assert ">lookup max<" in svg and ">ngram<" in svg and ">draft_model<" in svg
+    assert f"{NGRAM_FAST}: score 320.0 tok/s" in svg and f"{NGRAM_WRONG}: disqualified" in svg
+    # A draft-model candidate has no window: its dots are in the method and k panels, not the two lookup panels.
+    assert svg.count("draft_model, k=2: score") == 2 and svg.count(f"{NGRAM_FAST}: score") == 4
+    assert "ngram, k=4, lookup min=2, lookup max=4 beats the recipe's default (draft_model, k=4)" in (
+        tmp_path / "tune.md").read_text()
+
+
 def test_the_command_refuses_in_one_line(tmp_path):
     import subprocess
     import sys
@@ -272,7 +321,7 @@ def test_the_command_refuses_in_one_line(tmp_path):
         (("--recipe", "pr620-fp8-tp2"), "error: recipe pr620-fp8-tp2 runs on B70 hosts"),
         (("--budget-requests", "0"), "error: --budget-requests 0:"),
         (("--budget-requests", "30", "--out", str(tmp_path)), "error: a budget of 30 requests does not cover one "
-                                                              "round of 6 candidates"),
+                                                              "round of 10 candidates"),
     ]:
         done = b70ctl(*args)
         assert done.returncode == 2 and done.stdout == ""
@@ -370,5 +419,5 @@ def test_the_command_end_to_end_stopped_then_resumed(tmp_path, monkeypatch):
                                   "--json"])
     assert resumed.exit_code == 0, resumed.output
     printed = TuneReport.model_validate_json(resumed.stdout[resumed.stdout.index("{"):])
-    assert printed.tuned_overrides == {"num_speculative_tokens": 5}
+    assert printed.tuned_overrides == {"method": "draft_model", "num_speculative_tokens": 5}
     assert printed == TuneReport.model_validate_json((tmp_path / "tune.json").read_text())

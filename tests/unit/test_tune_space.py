@@ -3,6 +3,7 @@ validator refuses, and only knobs the recipe's vLLM has."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,9 @@ def _variant(tmp_path: Path, name: str, edit) -> Path:
 
 def test_shipped_spaces():
     tiny = load_recipe("cpu-tiny")
-    assert tiny.tune.knobs() == {"num_speculative_tokens": [1, 2, 3, 4, 5, 6]}
+    assert tiny.tune.knobs() == {"method": ["ngram"], "num_speculative_tokens": [1, 2, 3, 4, 5, 6],
+                                 "prompt_lookup_min": [2], "prompt_lookup_max": [2, 4]}
+    assert len(tiny.tune.grid()) == 6 + 2 * 2  # the draft model's k, then ngram's k x windows
     native = load_recipe("dspark-int4-tp1")
     knobs = native.tune.knobs()
     assert knobs["num_speculative_tokens"] == [4, 5, 6, 7]  # k=7 measured best, 4 and 6 worse
@@ -59,6 +62,7 @@ def test_every_candidate_is_a_valid_recipe():
 def test_k_as_a_list_skips_values(tmp_path):
     def listed(data):
         data["tune"]["num_speculative_tokens"] = [2, 4]
+        data["tune"].pop("ngram")
 
     assert load_recipe_file(_variant(tmp_path, "cpu-tiny", listed)).tune.grid() == [
         {"num_speculative_tokens": 2}, {"num_speculative_tokens": 4}]
@@ -74,6 +78,59 @@ def test_with_overrides_changes_only_the_knobs():
     assert recipe.serve.speculative.num_speculative_tokens == 7  # the recipe itself is untouched
     with pytest.raises(ValueError, match="not a knob"):
         recipe.with_overrides({"enable_adaptive_verification": True})
+
+
+def test_ngram_candidates_draft_without_the_model_through_the_one_render():
+    """An ngram candidate of cpu-tiny reaches vLLM as method ngram with its k and window and no draft model; a
+    draft-model candidate as the recipe's method, without a window (vLLM reads it for ngram only)."""
+    from b70ctl.serve.render import ServeContext, render_serve
+    from b70ctl.tune.run import candidates_of
+
+    recipe = load_recipe("cpu-tiny")
+    candidates, default = candidates_of(recipe, None)
+    assert default.overrides == {"method": "draft_model", "num_speculative_tokens": 4, "prompt_lookup_min": None,
+                                 "prompt_lookup_max": None}
+    assert default in candidates and len(candidates) == 10  # the default is on the grid, not added
+    assert {tuple(c.overrides) for c in candidates} == {tuple(default.overrides)}  # every knob named by each
+    context = ServeContext(model_dir="/m/target", drafter_dir="/m/draft-perturbed", port=8000)
+
+    def served(overrides):
+        argv = render_serve(recipe.with_overrides(overrides), context).argv
+        return json.loads(argv[argv.index("--speculative-config") + 1])
+
+    ngram = next(c for c in candidates if c.label == "ngram, k=4, lookup min=2, lookup max=4")
+    assert served(ngram.overrides) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                                       "prompt_lookup_max": 4}
+    draft = next(c for c in candidates if c.label == "draft_model, k=2")
+    assert served(draft.overrides) == {"method": "draft_model", "num_speculative_tokens": 2,
+                                       "model": "/m/draft-perturbed"}
+
+
+def test_an_ngram_window_wider_at_the_bottom_than_the_top_is_left_out(tmp_path):
+    def windows(data):
+        data["tune"]["ngram"] = {"num_speculative_tokens": [3], "prompt_lookup_min": [1, 3],
+                                 "prompt_lookup_max": [2, 4]}
+
+    grid = load_recipe_file(_variant(tmp_path, "cpu-tiny", windows)).tune.grid()
+    assert [(g["prompt_lookup_min"], g["prompt_lookup_max"]) for g in grid if g.get("method") == "ngram"] == [
+        (1, 2), (1, 4), (3, 4)]  # 3..2 is a window vLLM refuses
+
+
+def test_switching_a_sampling_drafter_to_ngram_drops_what_only_a_draft_model_has(tmp_path):
+    """dspark-int4 samples its drafts probabilistically; its ngram candidates have nothing to sample."""
+    def with_ngram(data):
+        data["tune"].update(ngram={"num_speculative_tokens": [4], "prompt_lookup_min": [2],
+                                   "prompt_lookup_max": [4]}, max_num_batched_tokens=[], budget_requests=400)
+
+    recipe = load_recipe_file(_variant(tmp_path, "dspark-int4-tp1", with_ngram))
+    ngram = [overrides for overrides in recipe.tune.grid() if overrides.get("method") == "ngram"]
+    assert ngram == [{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                      "prompt_lookup_max": 4, "draft_sample_method": None}]
+    tuned = recipe.with_overrides({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                                   "prompt_lookup_max": 4}).serve.speculative
+    assert (tuned.method, tuned.draft_sample_method, tuned.prompt_lookup_max) == ("ngram", None, 4)
+    with pytest.raises(ValueError, match="keeps the recipe's method"):
+        recipe.with_overrides({"method": "eagle3"})
 
 
 @pytest.mark.parametrize(
@@ -106,6 +163,18 @@ def test_with_overrides_changes_only_the_knobs():
          "more than 64"),
         ("cpu-tiny", lambda d: d["serve"]["speculative"].update(method="ngram") or d.update(tune={
             "draft_sample_method": ["greedy"], "budget_requests": 100}), "nothing to sample"),
+        # ngram's knobs: vLLM's own bounds (lookup sizes from 1, min <= max), and k as for any candidate.
+        ("cpu-tiny", lambda d: d["tune"]["ngram"].update(prompt_lookup_min=[5]), "every prompt_lookup_min is above"),
+        ("cpu-tiny", lambda d: d["tune"]["ngram"].update(prompt_lookup_min=[0]), "start at 1"),
+        ("cpu-tiny", lambda d: d["tune"]["ngram"].update(prompt_lookup_max=[4, 4]), "listed twice"),
+        ("cpu-tiny", lambda d: d["tune"]["ngram"].update(num_speculative_tokens=[17]),
+         "num_speculative_tokens=17, prompt_lookup_min=2, prompt_lookup_max=2 is a recipe this validator refuses"),
+        ("cpu-tiny", lambda d: d["tune"]["ngram"].update(draft_sample_method=["greedy"]), "draft_sample_method"),
+        ("cpu-tiny", lambda d: d["serve"]["speculative"].update(method="ngram"), "own method is ngram already"),
+        ("cpu-tiny", lambda d: d["serve"].update(speculative=None), "need serve.speculative"),
+        ("cpu-tiny", lambda d: d["tune"].update(budget_requests=60), "does not cover one round"),
+        # A window on a draft-model recipe would be silently ignored by vLLM.
+        ("cpu-tiny", lambda d: d["serve"]["speculative"].update(prompt_lookup_max=4), "apply to method 'ngram' only"),
     ],
 )
 def test_bad_spaces_are_refused(tmp_path, name, edit, message):

@@ -76,8 +76,18 @@ class SpeculativeSettings(Strict):
     num_speculative_tokens: int = Field(ge=1, le=16)
     draft_sample_method: Literal["greedy", "probabilistic"] | None = None
     enable_adaptive_verification: bool = False
-    prompt_lookup_min: int | None = Field(None, ge=1)
-    prompt_lookup_max: int | None = Field(None, ge=1)
+    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest n-gram matched")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest n-gram matched")
+
+    @model_validator(mode="after")
+    def _prompt_lookup(self) -> SpeculativeSettings:
+        # vLLM reads prompt_lookup_* for ngram only, and refuses min > max (vllm/config/speculative.py at v0.32.0).
+        lookup = (self.prompt_lookup_min, self.prompt_lookup_max)
+        if self.method != "ngram" and lookup != (None, None):
+            raise ValueError(f"prompt_lookup_min/max apply to method 'ngram' only, not {self.method!r}")
+        if None not in lookup and lookup[0] > lookup[1]:  # type: ignore[operator]
+            raise ValueError(f"prompt_lookup_min {lookup[0]} is above prompt_lookup_max {lookup[1]}: vLLM refuses it")
+        return self
 
 
 class ServeSettings(Strict):
@@ -227,9 +237,50 @@ class IntRange(Strict):
 # no-P2P profile's SIMPLE thresholds stay at 4 GiB: a lower one sends collectives down the peer IPC path that fails
 # without P2P (zeMemOpenIpcHandle, docs/facts.md, P2P and the no-P2P path).
 ONECCL_TUNABLE = re.compile(r"^CCL_[A-Z0-9_]+_THRESHOLD$")
+# Knobs only an ngram candidate has (tune.ngram): which method, and its n-gram window.
+NGRAM_KNOBS = ("method", "prompt_lookup_min", "prompt_lookup_max")
 # Candidates a tune may serve: each is a server start (minutes on a B70 host), so a grid larger than this is a
 # space nobody can afford to measure.
 MAX_TUNE_CANDIDATES = 64
+
+
+def _distinct(name: str, values: list[int]) -> None:
+    if len(values) != len(set(values)):
+        raise ValueError(f"{name}: a value is listed twice")
+
+
+def _k_values(k: IntRange | list[int]) -> list[int]:
+    return k.values() if isinstance(k, IntRange) else list(k)
+
+
+class NgramSpace(Strict):
+    """ngram candidates besides the recipe's own method: vLLM drafts from n-grams of the prompt and the output so
+    far, no draft model. Every combination of k and a lookup window with min <= max is tried (vLLM refuses
+    min > max, so those pairs are left out)."""
+
+    num_speculative_tokens: IntRange | list[int] = Field(description="A range {low, high}, or the values as a list")
+    prompt_lookup_min: list[int] = Field(min_length=1, description="Shortest n-grams matched")
+    prompt_lookup_max: list[int] = Field(min_length=1, description="Longest n-grams matched")
+
+    @model_validator(mode="after")
+    def _values(self) -> NgramSpace:
+        if not _k_values(self.num_speculative_tokens):
+            raise ValueError("tune.ngram.num_speculative_tokens: give at least one value")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            _distinct(f"tune.ngram.{name}", _k_values(getattr(self, name)))
+        if any(value < 1 for value in self.prompt_lookup_min + self.prompt_lookup_max):
+            raise ValueError("tune.ngram: prompt lookup sizes start at 1 (vLLM's minimum)")
+        if not self.windows():
+            raise ValueError("tune.ngram: every prompt_lookup_min is above every prompt_lookup_max: vLLM refuses "
+                             "min > max, so there is no window to try")
+        return self
+
+    def windows(self) -> list[tuple[int, int]]:
+        return [(low, high) for low in self.prompt_lookup_min for high in self.prompt_lookup_max if low <= high]
+
+    def grid(self) -> list[dict[str, int | str | None]]:
+        return [{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": low, "prompt_lookup_max": high}
+                for k in _k_values(self.num_speculative_tokens) for low, high in self.windows()]
 
 
 class TuneSpace(Strict):
@@ -240,6 +291,9 @@ class TuneSpace(Strict):
         None, description="A range {low, high}, or the values as a list")
     draft_sample_method: list[Literal["greedy", "probabilistic"]] = Field(default_factory=list)
     max_num_batched_tokens: list[int] = Field(default_factory=list)
+    ngram: NgramSpace | None = Field(
+        None, description="Also try method ngram (no draft model) with these values: the method is then the "
+                          "recipe's own or ngram")
     oneccl_thresholds: dict[Literal["p2p", "no-p2p"], dict[str, list[int]]] = Field(
         default_factory=dict, description="Per oneCCL profile, threshold variables and the values tried; only "
                                           "the host's active profile applies")
@@ -274,24 +328,42 @@ class TuneSpace(Strict):
         return self
 
     def knobs(self, profile: str | None = None) -> dict[str, list[int | str]]:
-        """Knob name -> values tried, in a fixed order; oneCCL variables only for the host's active profile."""
+        """Knob name -> values tried, in a fixed order; oneCCL variables only for the host's active profile. With
+        an ngram section: `method` (ngram; the recipe's own method is the other value) and the lookup window."""
         knobs: dict[str, list[int | str]] = {}
+        if self.ngram is not None:
+            knobs["method"] = ["ngram"]
         k = self.num_speculative_tokens
-        if k is not None:
-            knobs["num_speculative_tokens"] = list(k.values() if isinstance(k, IntRange) else k)
+        ngram_k = _k_values(self.ngram.num_speculative_tokens) if self.ngram is not None else []
+        if k is not None or ngram_k:
+            own_k = _k_values(k) if k is not None else []
+            knobs["num_speculative_tokens"] = own_k + [value for value in ngram_k if value not in own_k]
         if self.draft_sample_method:
             knobs["draft_sample_method"] = list(self.draft_sample_method)
         if self.max_num_batched_tokens:
             knobs["max_num_batched_tokens"] = list(self.max_num_batched_tokens)
         for variable, values in sorted(self.oneccl_thresholds.get(profile or "", {}).items()):
             knobs[variable] = list(values)
+        if self.ngram is not None:
+            knobs["prompt_lookup_min"] = list(self.ngram.prompt_lookup_min)
+            knobs["prompt_lookup_max"] = list(self.ngram.prompt_lookup_max)
         return knobs
 
-    def grid(self, profile: str | None = None) -> list[dict[str, int | str]]:
-        """Every combination of the knobs' values, the first knob varying slowest."""
-        combinations: list[dict[str, int | str]] = [{}]
-        for name, values in self.knobs(profile).items():
+    def grid(self, profile: str | None = None) -> list[dict[str, int | str | None]]:
+        """Every combination of the knobs' values for the recipe's own method, the first knob varying slowest;
+        then the ngram section's combinations (their k and window; draft sampling off, ngram has no draft model to
+        sample). A knob a combination leaves out keeps the recipe's value."""
+        own = {name: values for name, values in self.knobs(profile).items() if name not in NGRAM_KNOBS}
+        if self.num_speculative_tokens is not None:
+            own["num_speculative_tokens"] = _k_values(self.num_speculative_tokens)
+        else:
+            own.pop("num_speculative_tokens", None)
+        combinations: list[dict[str, int | str | None]] = [{}]
+        for name, values in own.items():
             combinations = [{**combination, name: value} for combination in combinations for value in values]
+        if self.ngram is not None:
+            unsampled = {"draft_sample_method": None} if self.draft_sample_method else {}
+            combinations += [{**overrides, **unsampled} for overrides in self.ngram.grid()]
         return combinations
 
 
@@ -362,8 +434,12 @@ class Recipe(Strict):
         if tune is None:
             return self
         spec = self.serve.speculative
-        if spec is None and (tune.num_speculative_tokens is not None or tune.draft_sample_method):
-            raise ValueError("tune: num_speculative_tokens and draft_sample_method need serve.speculative")
+        if spec is None and (tune.num_speculative_tokens is not None or tune.draft_sample_method
+                             or tune.ngram is not None):
+            raise ValueError("tune: num_speculative_tokens, draft_sample_method and ngram need serve.speculative")
+        if tune.ngram is not None and spec is not None and spec.method == "ngram":
+            raise ValueError("tune.ngram: the recipe's own method is ngram already; the section adds ngram "
+                             "candidates to a recipe that drafts with a model")
         if tune.draft_sample_method:
             if spec is not None and spec.method == "ngram":
                 raise ValueError("tune.draft_sample_method: ngram drafts without a model, there is nothing to sample")
@@ -407,8 +483,14 @@ class Recipe(Strict):
         oneCCL variables are host environment, not recipe fields: the serve context carries them."""
         data = self.model_dump(mode="python")
         data["tune"] = None
+        spec = self.serve.speculative
         for name, value in overrides.items():
-            if name in ("num_speculative_tokens", "draft_sample_method"):
+            if name == "method" and spec is not None and value not in (spec.method, "ngram"):
+                # ngram needs no other model, so it is the one method a tune may switch a recipe to.
+                raise ValueError(f"override method={value!r}: a tune keeps the recipe's method ({spec.method}) "
+                                 "or tries ngram")
+            if name in ("method", "num_speculative_tokens", "draft_sample_method", "prompt_lookup_min",
+                        "prompt_lookup_max"):
                 if data["serve"]["speculative"] is None:
                     raise ValueError(f"override {name}: the recipe does not speculate")
                 data["serve"]["speculative"][name] = value
@@ -416,6 +498,10 @@ class Recipe(Strict):
                 data["serve"][name] = value
             elif not ONECCL_TUNABLE.match(name):
                 raise ValueError(f"override {name!r}: not a knob b70ctl tunes")
+        if overrides.get("method") == "ngram" and spec is not None and spec.method != "ngram":
+            # The drafter's own settings do not carry over to n-gram drafting: nothing is sampled or verified
+            # adaptively without a draft model.
+            data["serve"]["speculative"].update(draft_sample_method=None, enable_adaptive_verification=False)
         return Recipe.model_validate(data)
 
     def workload(self, name: str) -> Workload:

@@ -32,8 +32,15 @@ class Candidate(_Model):
 
     @property
     def label(self) -> str:
-        return ", ".join(f"{SHORT_NAMES.get(name, name)}={'default' if value is None else value}"
-                         for name, value in self.overrides.items()) or "the recipe as it is"
+        shown = []
+        for name, value in self.overrides.items():
+            if not knob_applies(name, self.overrides):
+                continue
+            if name == "method":
+                shown.append(str(value))  # "ngram, k=2, ..." reads better than "method=ngram, k=2"
+            else:
+                shown.append(f"{SHORT_NAMES.get(name, name)}={'default' if value is None else value}")
+        return ", ".join(shown) or "the recipe as it is"
 
     @property
     def host_env(self) -> dict[str, str]:
@@ -43,7 +50,13 @@ class Candidate(_Model):
 
 
 SHORT_NAMES = {"num_speculative_tokens": "k", "draft_sample_method": "draft sampling",
-               "max_num_batched_tokens": "batched tokens"}
+               "max_num_batched_tokens": "batched tokens", "prompt_lookup_min": "lookup min",
+               "prompt_lookup_max": "lookup max"}
+
+
+def knob_applies(name: str, overrides: dict[str, Value]) -> bool:
+    """False for the n-gram window of a candidate that drafts with a model (vLLM reads it for ngram only)."""
+    return name not in ("prompt_lookup_min", "prompt_lookup_max") or overrides.get("method") == "ngram"
 
 
 class Measurement(_Model):

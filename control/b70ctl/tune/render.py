@@ -10,7 +10,7 @@ import yaml
 
 from b70ctl.files import write_text_atomically
 from b70ctl.svg import PT_PER_INCH, Axes, Canvas, LegendEntry, data_limits, legend_width, nice_ticks
-from b70ctl.tune.model import SHORT_NAMES, Figures, TuneReport
+from b70ctl.tune.model import SHORT_NAMES, Figures, TuneReport, knob_applies
 
 CANDIDATE_COLOR = "#1f77b4"
 DEFAULT_COLOR = "#d62728"
@@ -92,14 +92,19 @@ def scores_svg(report: TuneReport) -> str | None:
     for index, knob in enumerate(knobs):
         values = list(report.knobs[knob])
         default_value = report.default_overrides.get(knob)
-        if default_value not in values:
+        if default_value not in values and knob_applies(knob, report.default_overrides):
             values.append(default_value)
+        # A draft-model candidate has no n-gram window: it is left out of those panels.
+        shown = [c for c in scored if knob_applies(knob, c.overrides)]
+        shown_out = [c for c in out if knob_applies(knob, c.overrides)]
+        values += [value for value in dict.fromkeys(c.overrides.get(knob) for c in shown + shown_out)
+                   if value not in values]
         axes = Axes(canvas, left + index * (panel + gap), top, panel, height - top - bottom,
                     (-0.5, len(values) - 0.5), ylim)
         first = first or axes
         axes.grid(xticks=[], yticks=yticks)
         columns: dict[int, list] = defaultdict(list)
-        for candidate in scored:
+        for candidate in shown:
             columns[values.index(candidate.overrides.get(knob))].append(candidate)
         for column, members in columns.items():
             spread = 0.4 / max(len(members) - 1, 1)
@@ -111,7 +116,7 @@ def scores_svg(report: TuneReport) -> str | None:
                                    diameter=5)
                 if candidate.is_default:
                     canvas.markers([(x, y)], shape="ring", color=DEFAULT_COLOR, size=9, edge_width=1.5)
-        for candidate in out:
+        for candidate in shown_out:
             x, y = axes.x(values.index(candidate.overrides.get(knob))), axes.bottom
             canvas.rect(x - 3, y - 6, 6, 6, fill=DISQUALIFIED_COLOR,
                         title=f"{candidate.label}: disqualified: {candidate.disqualified}")

@@ -20,7 +20,14 @@ from b70ctl.checks.throughput import run_throughput
 from b70ctl.errors import BadInput
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import CorrectnessResult
-from b70ctl.tune.model import Candidate, CandidateResult, FinalComparison, Measurement, TuneReport
+from b70ctl.tune.model import (
+    Candidate,
+    CandidateResult,
+    FinalComparison,
+    Measurement,
+    TuneReport,
+    knob_applies,
+)
 from b70ctl.tune.search import (
     PlannedRound,
     disqualification,
@@ -44,7 +51,8 @@ def default_overrides(recipe: Recipe, knobs: dict[str, list], profile: str | Non
     spec = recipe.serve.speculative
     values: dict[str, int | str | None] = {}
     for name in knobs:
-        if name in ("num_speculative_tokens", "draft_sample_method"):
+        if name in ("method", "num_speculative_tokens", "draft_sample_method", "prompt_lookup_min",
+                    "prompt_lookup_max"):
             values[name] = getattr(spec, name) if spec is not None else None
         elif name == "max_num_batched_tokens":
             values[name] = recipe.serve.max_num_batched_tokens
@@ -61,11 +69,27 @@ def candidates_of(recipe: Recipe, profile: str | None) -> tuple[list[Candidate],
     if recipe.tune is None:
         raise BadInput(f"recipe {recipe.name} has no tune section: nothing may be tuned")
     knobs = recipe.tune.knobs(profile)
-    grid = [Candidate(overrides=overrides) for overrides in recipe.tune.grid(profile)]
-    default = Candidate(overrides=default_overrides(recipe, knobs, profile))
+    own = default_overrides(recipe, knobs, profile)
+    # Every candidate names every knob, a knob its combination leaves out at the recipe's value (an ngram
+    # candidate's batched tokens, a draft-model candidate's method): one key per setting actually served.
+    grid = [Candidate(overrides={name: overrides.get(name, own[name]) for name in knobs})
+            for overrides in recipe.tune.grid(profile)]
+    default = Candidate(overrides=own)
     if default.key not in {candidate.key for candidate in grid}:
         grid.append(default)
     return grid, default
+
+
+def knobs_tried(candidates: list[Candidate]) -> dict[str, list[int | str | None]]:
+    """Knob -> the values the candidates were served with, in first-seen order (the recipe's own method and
+    the default's values included, a knob that does not apply to a candidate left out)."""
+    knobs: dict[str, list[int | str | None]] = {}
+    for candidate in candidates:
+        for name, value in candidate.overrides.items():
+            values = knobs.setdefault(name, [])
+            if knob_applies(name, candidate.overrides) and value not in values:
+                values.append(value)
+    return knobs
 
 
 def measured_workloads(recipe: Recipe) -> list[str]:
@@ -235,11 +259,11 @@ def build_report(recipe: Recipe, profile: str | None, candidates: list[Candidate
             summary = (f"the recipe's default was already best: {default.label} won the halving "
                        f"(score {_tok(default_score)} in the final measurement)")
         elif default_score is None:
-            outcome, tuned = "tuned", dict(winner.overrides)
+            outcome, tuned = "tuned", applied(winner)
             summary = (f"{winner.label}: score {_tok(winner_score)}; the recipe's default ({default.label}) was "
                        f"disqualified: {disqualification(state, default)}")
         elif winner_score is not None and winner_score > default_score:
-            outcome, tuned = "tuned", dict(winner.overrides)
+            outcome, tuned = "tuned", applied(winner)
             gain = f" ({(winner_score / default_score - 1) * 100:+.1f}%)" if default_score > 0 else ""
             summary = (f"{winner.label} beats the recipe's default ({default.label}) measured back to back: "
                        f"score {_tok(winner_score)} against {_tok(default_score)}{gain}")
@@ -247,12 +271,17 @@ def build_report(recipe: Recipe, profile: str | None, candidates: list[Candidate
             outcome, tuned = "default_best", {}
             summary = (f"the recipe's default was already best: the halving's winner ({winner.label}) scored "
                        f"{_tok(winner_score)} against the default's {_tok(default_score)} measured back to back")
-    knobs = recipe.tune.knobs(profile)
+    knobs = knobs_tried(candidates)
     return TuneReport(
         recipe=recipe.name, vllm_version=recipe.vllm_version, profile=profile, knobs=knobs,
         default_overrides=default.overrides, workloads=measured_workloads(recipe), budget_requests=budget,
         spent_requests=state.spent_requests, started_at=started_at, finished_at=datetime.now(UTC), rounds=rounds,
         candidates=results, final=final, outcome=outcome, tuned_overrides=tuned, summary=summary)
+
+
+def applied(winner: Candidate) -> dict[str, int | str | None]:
+    """The winner's overrides as b70_tuned.yml carries them: without an n-gram window it does not use."""
+    return {name: value for name, value in winner.overrides.items() if knob_applies(name, winner.overrides)}
 
 
 def _tok(value: float | None) -> str:
