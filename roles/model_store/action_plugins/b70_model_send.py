@@ -23,10 +23,11 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 # 64 MiB chunks: a cut transfer re-sends at most one chunk's worth of what reached the partial, and a 28 GB
-# target's chunk hashes (~450) stay a small module argument. A batch of 16 is one module run per GiB sent (a
-# round trip is ~0.3 s) and the most a cut loses from the host's temporary directory.
+# target's chunk hashes (~450) stay a small module argument. Chunks are staged in Ansible's temporary directory on
+# the host and written by one module run per batch: a batch of 4 (256 MiB) is what a cut loses (and what an
+# interrupted run leaves in that directory, as any interrupted copy does), for one module round trip per 256 MiB.
 CHUNK_BYTES = 64 << 20
-BATCH_BYTES = 16 * CHUNK_BYTES
+BATCH_BYTES = 4 * CHUNK_BYTES
 
 
 def _model_dir_module():
