@@ -188,6 +188,11 @@ def verify(
     host_facts: Annotated[Path | None, typer.Option(help="Host facts JSON to record in the report")] = None,
     host: Annotated[str | None, typer.Option(
         help="Name of the verified host in the reports (default: from --host-facts, else the report's directory)")] = None,
+    model_dir: Annotated[Path | None, typer.Option(
+        help="The served target's directory, when the server runs on this machine: the report's roofline then "
+             "reads its shape there and, for a CPU recipe, measures this machine's memory bandwidth")] = None,
+    roofline_inputs: Annotated[Path | None, typer.Option(
+        help="The roofline's inputs measured on the serving host (host/roofline_inputs.py's JSON)")] = None,
     check: Annotated[list[str] | None, choice_option(
         Check, "--check", "Run only these checks (repeatable; default all)", unknown="check")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a request may stall before it fails")] = 120.0,
@@ -232,7 +237,8 @@ def verify(
     request = VerifyRequest(
         recipe=loaded, endpoint=target, out_dir=out,
         baseline_endpoint=baseline,
-        reference_path=reference, host_facts_path=host_facts, host=host, checks=checks)
+        reference_path=reference, host_facts_path=host_facts, host=host, checks=checks, model_dir=model_dir,
+        roofline_inputs_path=roofline_inputs)
     from b70ctl.verify import Terminated
 
     try:

@@ -47,6 +47,7 @@ def run_demo(out_dir: Path, models_dir: Path | None = None,
             recipe=recipe, out_dir=out_dir,
             endpoint=Endpoint(servers["draft-perturbed"].url, model=name, timeout_s=120),
             baseline_endpoint=Endpoint(servers["baseline"].url, model=name, timeout_s=120),
+            model_dir=models_dir / "target",  # served here: verify measures this machine for the roofline
         )
         report = verify(request, progress=say)
     finally:

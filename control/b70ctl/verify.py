@@ -38,15 +38,20 @@ from b70ctl.files import read_json_object, write_text_atomically
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.html import render_html
 from b70ctl.report.markdown import render_markdown
-from b70ctl.report.model import DiagnosedFailure, Environment, Report
+from b70ctl.report.model import DiagnosedFailure, Environment, Report, RooflineInputs
+from b70ctl.report.roofline import compute_roofline
 from b70ctl.report.verdict import judge_all
 
 Progress = Callable[[str], None]
 
 # Host facts (b70ctl host facts --json, or the appliance's collected facts) mapped onto the report's
 # Environment. Missing keys stay None: a bare endpoint tells little about its host.
+# The roofline's inputs are not among them: they come with each run (--roofline-inputs, --model-dir).
 HOST_FACT_FIELDS = tuple(name for name in Environment.model_fields
-                         if name not in ("served_model", "served_speculative_positions", "vllm_version", "extra"))
+                         if name not in ("served_model", "served_speculative_positions", "vllm_version", "extra",
+                                         "memory_bandwidth", "target_shape", "memory_bandwidth_unavailable",
+                                         "target_shape_unavailable"))
+ROOFLINE_FIX = "pass the JSON host/roofline_inputs.py printed on the serving host"
 
 
 @dataclass
@@ -58,6 +63,10 @@ class VerifyRequest:
     reference_path: Path | None = None
     host_facts_path: Path | None = None
     host: str | None = None  # the verified host's name, when no host facts give it
+    # The served target's directory when the server runs on this machine (the embedded default): verify then
+    # reads the target's shape there and, for a CPU recipe, measures this machine's memory bandwidth.
+    model_dir: Path | None = None
+    roofline_inputs_path: Path | None = None  # what host/roofline_inputs.py printed on the serving host
     checks: tuple[str, ...] = ("smoke", "correctness", "throughput")
 
 
@@ -86,7 +95,17 @@ def _preflight(request: VerifyRequest) -> tuple[Reference | None, Environment]:
         raise BadInput("correctness needs a baseline: pass --baseline-endpoint URL (target-only server) or "
                        "--reference FILE (recorded with --record-reference)")
     reference = load_reference(request.reference_path, request.recipe) if request.reference_path else None
+    if request.model_dir is not None and not (request.model_dir / "config.json").is_file():
+        raise BadInput(f"--model-dir {request.model_dir}: no config.json there: give the served target's "
+                       "directory on this machine")
     environment = load_host_facts(request.host_facts_path) if request.host_facts_path else Environment()
+    if request.roofline_inputs_path is not None:
+        path = request.roofline_inputs_path
+        found = read_json_object(path, f"roofline inputs {path}", ROOFLINE_FIX)
+        try:
+            record_roofline_inputs(environment, RooflineInputs.model_validate(found))
+        except ValidationError as error:
+            raise BadInput(f"roofline inputs {path}: {first_problem(error)}: {ROOFLINE_FIX}") from error
     try:
         request.out_dir.mkdir(parents=True, exist_ok=True)
         probe = request.out_dir / ".write-test"
@@ -221,6 +240,10 @@ def _run_checks(request: VerifyRequest, report: Report, writer: ReportWriter, cl
     recipe, environment = request.recipe, report.environment
     try:
         writer.save()
+        if request.model_dir is not None:
+            say("roofline inputs: the target's shape" + (" and this machine's memory bandwidth"
+                                                          if recipe.host.accelerator == "cpu" else ""))
+            measure_roofline_inputs(environment, request.model_dir, recipe.host.accelerator == "cpu")
         try:
             if "smoke" in request.checks:
                 say("smoke: health, models, completion, chat, one-token prompt, stream, metrics, speculation")
@@ -302,6 +325,25 @@ def require_separate_target_only(client: VllmClient, baseline: VllmClient) -> No
                        "request): the baseline must be target-only (serve it without --speculative-config)")
 
 
+def measure_roofline_inputs(environment: Environment, model_dir: Path, copy_benchmark: bool) -> None:
+    """The target's shape (from its files) and this machine's copy bandwidth, where the host facts gave none:
+    only for a server running on this machine. What cannot be read stays None, and the roofline says why."""
+    from b70ctl.host.roofline_inputs import collect
+
+    found = collect(str(model_dir), copy_benchmark and environment.memory_bandwidth is None)
+    record_roofline_inputs(environment, RooflineInputs.model_validate(found))
+
+
+def record_roofline_inputs(environment: Environment, found: RooflineInputs) -> None:
+    """The inputs the serving host gave, where the environment has none yet, and why any is missing."""
+    if environment.target_shape is None:
+        environment.target_shape = found.target_shape
+        environment.target_shape_unavailable = found.target_shape_unavailable
+    if environment.memory_bandwidth is None:
+        environment.memory_bandwidth = found.memory_bandwidth
+        environment.memory_bandwidth_unavailable = found.memory_bandwidth_unavailable
+
+
 def _finish(report: Report, recipe: Recipe, complete: bool) -> None:
     measurements: dict[str, Any] = {}
     if report.smoke is not None:
@@ -312,6 +354,7 @@ def _finish(report: Report, recipe: Recipe, complete: bool) -> None:
         measurements.update(throughput_measurements(report.throughput))
     report.measurements = measurements
     report.verdicts = judge_all(recipe.claims, measurements)
+    report.roofline = compute_roofline(report, recipe)
     report.finished_at = datetime.now(UTC)
     if complete:
         report.partial, report.partial_reason = False, None

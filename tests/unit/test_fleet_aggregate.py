@@ -63,7 +63,7 @@ def build_planted_fleet(reports_dir: Path) -> None:
     middle = valid.index(',"', len(valid) // 2) + 1
     write_host(reports_dir, CORRUPT_HOST).joinpath("report.json").write_text(valid[:middle] + "}}]]" + valid[middle:])
     future = json.loads(make_report(PR620, FUTURE_SCHEMA_HOST).model_dump_json())
-    future["schema_version"] = 4
+    future["schema_version"] = 5
     write_host(reports_dir, FUTURE_SCHEMA_HOST, future)
     write_host(reports_dir, DUPLICATE_HOST, make_report(
         PR620, DUPLICATE_HOST, environment=environment_for("b70-05"), started_at=STARTED_AT - timedelta(days=2)))
@@ -111,7 +111,7 @@ def test_every_bad_input_is_named_once(planted):
         ("mixed_recipes", None, "grouped"),
     }
     by_kind = {problem.kind: problem for problem in planted.problems}
-    assert "schema_version 4 is unknown" in by_kind["unknown_schema_version"].reason
+    assert "schema_version 5 is unknown" in by_kind["unknown_schema_version"].reason
     duplicate = by_kind["duplicate_host"]
     assert "b70-05/report.json (kept" in duplicate.reason and "b70-25/report.json (excluded" in duplicate.reason
     assert f"{DSPARK} (3 hosts)" in by_kind["mixed_recipes"].reason

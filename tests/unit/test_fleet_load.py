@@ -46,7 +46,7 @@ def test_schema_0_is_upgraded(tmp_path):
     assert isinstance(loaded, LoadedReport), loaded
     report = loaded.report
     assert loaded.upgraded_from == 0
-    assert report.schema_version == 3
+    assert report.schema_version == 4
     # Moved from the top level into environment; what schema 0 never knew stays unknown.
     assert report.environment.vllm_version == "0.21.1.dev0"
     assert report.environment.served_model == "qwen3.8-27b-fp8"
@@ -71,9 +71,22 @@ def test_schema_2_is_upgraded_without_a_word_on_emulation(tmp_path, report_json)
     del data["environment"]["hardware_root"]
     loaded = read_report(_write(tmp_path, json.dumps(data)))
     assert isinstance(loaded, LoadedReport), loaded
-    assert loaded.upgraded_from == 2 and loaded.report.schema_version == 3
+    assert loaded.upgraded_from == 2 and loaded.report.schema_version == 4
     assert loaded.report.environment.hardware_root is None
     assert loaded.report.environment.kernel == json.loads(report_json)["environment"]["kernel"] is not None
+
+
+def test_schema_3_is_upgraded_without_a_roofline(tmp_path, report_json):
+    # Schema 3 recorded no memory bandwidth and no target shape: its roofline stays unknown, not computed.
+    data = json.loads(report_json)
+    data["schema_version"] = 3
+    for key in ("memory_bandwidth", "target_shape", "memory_bandwidth_unavailable", "target_shape_unavailable"):
+        data["environment"].pop(key, None)
+    data.pop("roofline", None)
+    loaded = read_report(_write(tmp_path, json.dumps(data)))
+    assert isinstance(loaded, LoadedReport), loaded
+    assert loaded.upgraded_from == 3 and loaded.report.schema_version == 4
+    assert loaded.report.roofline is None and loaded.report.environment.memory_bandwidth is None
 
 
 def test_explicit_schema_0_key_is_the_same_layout(tmp_path):
@@ -83,7 +96,7 @@ def test_explicit_schema_0_key_is_the_same_layout(tmp_path):
     assert isinstance(loaded, LoadedReport) and loaded.upgraded_from == 0
 
 
-@pytest.mark.parametrize("version", [4, 7, -1, "1", 1.5, None, [1]])
+@pytest.mark.parametrize("version", [5, 7, -1, "1", 1.5, None, [1]])
 def test_unknown_schema_version_is_refused_with_the_reason(tmp_path, report_json, version):
     data = json.loads(report_json)
     data["schema_version"] = version
@@ -92,7 +105,7 @@ def test_unknown_schema_version_is_refused_with_the_reason(tmp_path, report_json
     assert problem.kind == "unknown_schema_version"
     assert "schema_version" in problem.reason and str(tmp_path) in problem.reason
     if version == 7:
-        assert "unknown to this b70ctl (it reads 0..3)" in problem.reason
+        assert "unknown to this b70ctl (it reads 0..4)" in problem.reason
 
 
 def test_every_prefix_of_a_report_is_truncated(tmp_path, report_json):

@@ -53,7 +53,7 @@ def test_full_run_writes_report_with_verdicts(servers, tmp_path):
     report = verify(request_for(recipe, served, baseline, tmp_path))
 
     on_disk = json.loads((tmp_path / "report.json").read_text())
-    assert on_disk["partial"] is False and on_disk["schema_version"] == 3
+    assert on_disk["partial"] is False and on_disk["schema_version"] == 4
     assert report.smoke.passed and report.correctness.passed and report.throughput.passed
     assert (report.correctness.identical, report.correctness.total) == (3, 3)
     verdicts = {v.claim_id: v.verdict for v in report.verdicts}

@@ -46,8 +46,10 @@ class UnreachableMarker(BaseModel):
     recorded_at: datetime | None = None
 
 
-# Environment fields that are not facts of a host: the model the endpoint serves, and the free-form rest.
-NOT_HOST_FACTS = ("served_model", "served_speculative_positions", "extra")
+# Environment fields that are not facts of a host: the model the endpoint serves, the free-form rest, and the
+# roofline's inputs (measured with each report and recorded only there).
+NOT_HOST_FACTS = ("served_model", "served_speculative_positions", "extra", "memory_bandwidth", "target_shape",
+                  "memory_bandwidth_unavailable", "target_shape_unavailable")
 
 
 class _IgnoreOtherKeys(BaseModel):

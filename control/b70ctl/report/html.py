@@ -10,7 +10,18 @@ from __future__ import annotations
 from html import escape
 
 from b70ctl.recipes.model import Recipe
-from b70ctl.report.markdown import VERDICT_MARK, emulated_hardware_line, firmware_line, status_line
+from b70ctl.report.markdown import (
+    ROOFLINE_EXPLAINED,
+    ROOFLINE_HEADER,
+    ROOFLINE_TITLE,
+    VERDICT_MARK,
+    emulated_hardware_line,
+    firmware_line,
+    roofline_headline,
+    roofline_input_rows,
+    roofline_workload_rows,
+    status_line,
+)
 from b70ctl.report.model import Report, Summary
 from b70ctl.report.plots import acceptance_per_position_svg, decode_per_request_svg
 
@@ -85,6 +96,29 @@ def _verdict_table(report: Report) -> list[str]:
     return rows + ["</table>"]
 
 
+def _table(header: list[str], rows: list[list[str]], numeric: set[int]) -> list[str]:
+    lines = ["<table>", "<tr>" + "".join(f"<th>{escape(cell)}</th>" for cell in header) + "</tr>"]
+    for row in rows:
+        lines.append("<tr>" + "".join(
+            f'<td class="num">{escape(cell)}</td>' if index in numeric and not cell.startswith("not measured")
+            else f"<td>{escape(cell)}</td>" for index, cell in enumerate(row)) + "</tr>")
+    return lines + ["</table>"]
+
+
+def _roofline_section(report: Report) -> list[str]:
+    """The bound, the measured rates and the efficiency, with every input and where it came from."""
+    lines = [f"<h2>{escape(ROOFLINE_TITLE)}</h2>", f"<p>{escape(ROOFLINE_EXPLAINED)}</p>",
+             f"<p><strong>{escape(roofline_headline(report.roofline))}</strong></p>"]
+    roofline = report.roofline
+    if roofline is None:
+        return lines
+    lines += _table(["input", "value", "source"], roofline_input_rows(roofline), numeric={1})
+    rows = roofline_workload_rows(roofline)
+    if rows:
+        lines += _table(ROOFLINE_HEADER, rows, numeric=set(range(1, len(ROOFLINE_HEADER))))
+    return lines
+
+
 def render_html(report: Report, recipe: Recipe) -> str:
     """report.html of a report: what report.md says in tables, drawn."""
     environment = report.environment
@@ -125,6 +159,7 @@ def render_html(report: Report, recipe: Recipe) -> str:
         acceptance = acceptance_per_position_svg(report, recipe)
         if acceptance:
             lines += ["<h2>Per-position acceptance</h2>", f'<div class="plot">{acceptance}</div>']
+    lines += _roofline_section(report)
     lines += ["<p class=\"meta\">The figures behind every verdict are in report.json, each request's raw data in "
               "raw/; report.md says the same in text.</p>", "</body>", "</html>", ""]
     return "\n".join(lines)

@@ -13,8 +13,12 @@ Schema versions
 - 1: every figure as the client saw the stream arrive; no engine timing, no delivery check.
 - 2: figures on the engine's clock where the server timed the request, the client's beside them as `client_*`,
   each request's delivery checked.
-- 3: the current `Report` (report/model.py): the environment says whether the hardware was emulated
-  (`hardware_root`, the root prefix the GPU facts were read under when not /).
+- 3: the environment says whether the hardware was emulated (`hardware_root`, the root prefix the GPU facts
+  were read under when not /).
+- 4: the current `Report` (report/model.py): the decode rates against the memory-bandwidth bound (`roofline`),
+  and the environment's inputs to it (`memory_bandwidth`, `target_shape`).
+Upgrading 3 -> 4 adds nothing: a schema 3 report did not record those inputs, so its roofline stays unknown
+(None) rather than computed from figures the host gave no one.
 Upgrading 2 -> 3 adds nothing: a schema 2 report did not record emulation, and its `hardware_root` stays unknown
 (None), as on a report of real hardware.
 Upgrading 1 -> 2 keeps every figure and names it for what it was: the client's (`timing_source: client`,
@@ -130,6 +134,10 @@ def _upgrade_2_to_3(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 3}
 
 
+def _upgrade_3_to_4(data: dict[str, Any]) -> dict[str, Any]:
+    return {**data, "schema_version": 4}
+
+
 def report_schema_version(data: dict[str, Any]) -> int | None:
     """The schema version a report declares; schema 0 had no key. None when the value is not an integer."""
     version = data.get("schema_version", 0)
@@ -155,6 +163,8 @@ def upgrade_report_json(data: dict[str, Any]) -> dict[str, Any]:
         data = _upgrade_1_to_2(data)
     if version <= 2:
         data = _upgrade_2_to_3(data)
+    if version <= 3:
+        data = _upgrade_3_to_4(data)
     return data
 
 

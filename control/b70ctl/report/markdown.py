@@ -6,7 +6,7 @@ llama-benchy table B70 users paste into issues, and a headline that names what f
 from __future__ import annotations
 
 from b70ctl.recipes.model import Recipe
-from b70ctl.report.model import Environment, Report, Summary, WorkloadResult
+from b70ctl.report.model import Environment, Report, Roofline, Summary, WorkloadResult
 
 VERDICT_MARK = {"met": "✅ met", "not_met": "❌ not met", "not_measured": "➖ not measured"}
 WORKLOAD_TITLES = {
@@ -140,6 +140,91 @@ def _workload(result: WorkloadResult) -> list[str]:
     return lines
 
 
+ROOFLINE_TITLE = "Roofline: decode rate against the memory-bandwidth bound"
+ROOFLINE_EXPLAINED = (
+    "A decode step reads the target's weights and the KV cache of its context at least once, so the decode rate "
+    "cannot pass bandwidth / bytes read per step x mean acceptance length (tokens per step). The drafter's "
+    "weights, activations and the input embedding table are left out, which only raises the bound: it is an upper "
+    "bound the engine cannot pass, not a rate it should reach. Efficiency = the engine's median decode rate / the "
+    "bound.")
+ROOFLINE_HEADER = ["workload", "context tokens (mean)", "mean acceptance length", "bytes read per step",
+                   "bound tok/s", "measured tok/s", "efficiency"]
+
+
+def byte_size(value: float | None) -> str:
+    if value is None:
+        return "–"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} bytes"
+
+
+def efficiency_text(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{100 * value:.{1 if value >= 0.01 else 2}f}%"
+
+
+def roofline_input_rows(roofline: Roofline) -> list[list[str]]:
+    """[input, value, source] per input of the roofline (per card on GPUs, for the host's memory on a CPU)."""
+    where = "per card" if roofline.memory_domains > 1 else "host memory"
+    bandwidth = roofline.bandwidth_bytes_per_s.value
+    kv = roofline.kv_bytes_per_token.value
+    return [[f"memory bandwidth ({where})", "–" if bandwidth is None else f"{bandwidth / 1e9:.1f} GB/s",
+             roofline.bandwidth_bytes_per_s.source],
+            [f"target weights read per step ({where})", byte_size(roofline.weight_bytes.value),
+             roofline.weight_bytes.source],
+            [f"KV cache per context token ({where})", "–" if kv is None else f"{kv:,.0f} bytes",
+             roofline.kv_bytes_per_token.source]]
+
+
+def roofline_workload_rows(roofline: Roofline) -> list[list[str]]:
+    """One row per workload, ROOFLINE_HEADER's columns; a missing figure's cell says why."""
+    rows = []
+    for figures in roofline.workloads:
+        efficiency = efficiency_text(figures.efficiency)
+        if figures.efficiency is None and figures.not_measured:
+            efficiency = f"not measured: {figures.not_measured}"
+        rows.append([figures.workload, _fmt(figures.mean_context_tokens, 0), _fmt(figures.mean_acceptance_length),
+                     byte_size(figures.bytes_per_step), _fmt(figures.bound_tok_s, 1), _fmt(figures.measured_tok_s, 1),
+                     efficiency])
+    return rows
+
+
+def roofline_headline(roofline: Roofline | None) -> str:
+    """One sentence: the efficiency, or why there is none."""
+    if roofline is None:
+        return "Not measured: this report was written before reports had a roofline."
+    if roofline.efficiency is None:
+        return f"Not measured: {roofline.not_measured or 'no workload has a bound and a decode rate'}."
+    sentence = (f"Efficiency {efficiency_text(roofline.efficiency)} of the memory-bandwidth bound (median over "
+                f"{sum(1 for w in roofline.workloads if w.efficiency is not None)} workload(s)).")
+    if roofline.efficiency > 1:
+        sentence += (" Above the bound: an input is wrong (the bandwidth measured low, or fewer bytes are read per "
+                     "step than counted).")
+    elif roofline.efficiency < 0.05:
+        sentence += " Far below it: something other than memory bandwidth limits each step (per-step overhead)."
+    return sentence
+
+
+def _roofline(report: Report) -> list[str]:
+    lines = [f"## {ROOFLINE_TITLE}", "", ROOFLINE_EXPLAINED, "", f"**{roofline_headline(report.roofline)}**", ""]
+    roofline = report.roofline
+    if roofline is None:
+        return lines
+    lines += ["| input | value | source |", "|---|---|---|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
+              for row in roofline_input_rows(roofline)]
+    lines.append("")
+    rows = roofline_workload_rows(roofline)
+    if rows:
+        lines += ["| " + " | ".join(ROOFLINE_HEADER) + " |", "|" + "---|" * len(ROOFLINE_HEADER)]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+        lines.append("")
+    return lines
+
+
 def status_line(report: Report) -> str:
     """The run in a few words: partial and why, passed, or what failed."""
     if report.partial:
@@ -227,6 +312,8 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
     else:
         for workload in report.throughput.workloads:
             lines += _workload(workload)
+
+    lines += _roofline(report)
 
     lines += ["## Correctness and stability", ""]
     correctness = report.correctness

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_SCHEMA_VERSION = 3
+REPORT_SCHEMA_VERSION = 4
 
 Verdict = Literal["met", "not_met", "not_measured"]
 
@@ -222,6 +222,43 @@ class DiagnosedFailure(Model):
     evidence: list[str] = Field(default_factory=list, description="The findings that matched")
 
 
+class MemoryBandwidth(Model):
+    """The serving machine's memory bandwidth as a copy measured it there (host/roofline_inputs.py)."""
+
+    bytes_per_s: float = Field(gt=0)
+    method: str
+    buffer_bytes: int = Field(gt=0)
+    repeats: int = Field(ge=1)
+
+
+class TargetShape(Model):
+    """The served target as its files on the serving host say (host/roofline_inputs.py): the bytes of its weight
+    tensors and what the KV cache's size per token follows from (config.json, transformers' Qwen3Config names)."""
+
+    directory: str
+    weight_files: int = Field(ge=1)
+    weight_bytes: int = Field(ge=0, description="Every weight tensor, from the safetensors headers")
+    embedding_bytes: int = Field(0, ge=0, description="The input embedding table among them")
+    tie_word_embeddings: bool = False
+    num_hidden_layers: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    dtype: str | None = None
+    full_attention_layers: int = Field(ge=0)
+    sliding_attention_layers: int = Field(0, ge=0)
+    sliding_window: int | None = None
+
+
+class RooflineInputs(Model):
+    """roofline_inputs.json: what host/roofline_inputs.py printed on the serving host, each input or why it is
+    missing; `b70ctl verify --roofline-inputs` records it in the report's environment."""
+
+    memory_bandwidth: MemoryBandwidth | None = None
+    memory_bandwidth_unavailable: str | None = None
+    target_shape: TargetShape | None = None
+    target_shape_unavailable: str | None = None
+
+
 class Environment(Model):
     """What was served and where. Filled from the endpoint itself, and from host facts when verify is given
     them (the appliance passes --host-facts); every field is optional because a bare endpoint tells little."""
@@ -245,11 +282,53 @@ class Environment(Model):
     hardware_root: str | None = Field(
         None, description="Set when the GPU facts were read under a root prefix other than /: the hardware was "
                           "emulated (a fixture's sysfs tree there), and kernel and firmware are the fixture's")
+    memory_bandwidth: MemoryBandwidth | None = Field(
+        None, description="Measured on the serving machine; the bandwidth of a CPU-served recipe's roofline")
+    target_shape: TargetShape | None = Field(None, description="The served target's weights and KV-cache shape")
+    memory_bandwidth_unavailable: str | None = Field(None, description="Why memory_bandwidth is missing")
+    target_shape_unavailable: str | None = Field(None, description="Why target_shape is missing")
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
+class RooflineInput(Model):
+    """One input of the roofline: its value (None: not known) and where it came from, or why it is missing."""
+
+    value: float | None
+    unit: str
+    source: str
+
+
+class WorkloadRoofline(Model):
+    """One workload's decode rate against the memory-bandwidth bound of its decode steps."""
+
+    workload: str
+    mean_context_tokens: float | None = Field(None, description="Prompt plus half the output, over the requests")
+    mean_acceptance_length: float | None = Field(None, description="Tokens per decode step (1 without drafts)")
+    kv_bytes_per_step: float | None = Field(None, description="KV cache read in one step, per memory domain")
+    bytes_per_step: float | None = Field(None, description="Weights plus KV cache read in one step, per domain")
+    bound_tok_s: float | None = None
+    measured_tok_s: float | None = Field(None, description="Median decode rate on the engine's clock")
+    efficiency: float | None = Field(None, description="measured_tok_s / bound_tok_s")
+    not_measured: str | None = Field(None, description="Why the bound or the efficiency is missing")
+
+
+class Roofline(Model):
+    """The decode rate's upper bound from memory bandwidth: each step reads the target's weights and the KV cache
+    of the context once, so it cannot take less than bytes_per_step / bandwidth, and yields the mean acceptance
+    length in tokens. The drafter's weights and activations are left out, which only raises the bound: it stays
+    an upper bound. report/roofline.py computes it."""
+
+    memory_domains: int = Field(description="Memories read in parallel: one per card (TP) on GPUs, one on a CPU")
+    bandwidth_bytes_per_s: RooflineInput = Field(description="Per memory domain")
+    weight_bytes: RooflineInput = Field(description="Weights read per step, per memory domain")
+    kv_bytes_per_token: RooflineInput = Field(description="KV cache per context token, per memory domain")
+    workloads: list[WorkloadRoofline] = Field(default_factory=list)
+    efficiency: float | None = Field(None, description="Median of the workloads' efficiencies")
+    not_measured: str | None = Field(None, description="Why no workload has an efficiency")
+
+
 class Report(Model):
-    schema_version: Literal[3] = REPORT_SCHEMA_VERSION
+    schema_version: Literal[4] = REPORT_SCHEMA_VERSION
     tool_version: str
     recipe: str
     endpoint: str
@@ -267,4 +346,5 @@ class Report(Model):
     )
     verdicts: list[ClaimVerdict] = Field(default_factory=list)
     diagnosis: list[DiagnosedFailure] = Field(default_factory=list, description="Known failures its findings match")
+    roofline: Roofline | None = Field(None, description="Measured decode rates against the memory-bandwidth bound")
     passed: bool = False
