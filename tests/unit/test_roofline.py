@@ -1,5 +1,5 @@
 """The roofline: the decode rate's memory-bandwidth bound, its inputs read on the serving host, and the
-efficiency each report shows.
+efficiency each report and the fleet report show.
 
 The model's files are transformers' and safetensors' own output (tests/fixtures/README.md, "roofline/"); the
 B70's bandwidth is read from docs/facts.md; the expected bounds are computed here from those inputs, by hand."""
@@ -16,8 +16,12 @@ import pytest
 from safetensors.numpy import save_file
 
 from b70ctl.errors import BadInput
+from b70ctl.fleet.aggregate import aggregate, efficiency_ranking, host_entry_from_report
+from b70ctl.fleet.render import render_html as render_fleet_html
+from b70ctl.fleet.render import render_markdown
 from b70ctl.host.roofline_inputs import collect, copy_bandwidth, target_shape
 from b70ctl.report.html import render_html
+from b70ctl.report.load import LoadedReport
 from b70ctl.report.markdown import render_markdown as render_report_markdown
 from b70ctl.report.model import MemoryBandwidth, Report, RooflineInputs, TargetShape
 from b70ctl.report.roofline import B70_BANDWIDTH_BYTES_PER_S, compute_roofline
@@ -187,6 +191,41 @@ def test_report_md_and_html_show_bound_measured_efficiency_and_sources(tiny_mode
     assert "Roofline: decode rate against the memory-bandwidth bound" in html
     assert f'<td class="num">{short.bound_tok_s:.1f}</td>' in html
     assert "one thread copies &lt;x&gt;" in html and "<x>" not in html
+
+
+def test_fleet_ranks_hosts_by_efficiency_and_says_who_was_not_measured():
+    recipe = shipped_recipe("cpu-tiny")
+    entries = []
+    for host, efficiency in (("tiny-a", 0.004), ("tiny-b", 0.009), ("tiny-c", None), ("tiny-d", 0.009)):
+        report = make_report(recipe, host)
+        if efficiency is not None:
+            report.roofline = compute_roofline(report, recipe).model_copy(update={"efficiency": efficiency})
+        entries.append(host_entry_from_report(host, LoadedReport(report, f"reports/{host}/report.json"), None))
+    ranking = efficiency_ranking(entries)
+    assert [(r.rank, r.host, r.efficiency) for r in ranking] == [
+        (1, "tiny-b", 0.009), (2, "tiny-d", 0.009), (3, "tiny-a", 0.004)]
+    assert "before reports had a roofline" in entries[2].roofline_not_measured
+
+
+def test_fleet_md_and_html_show_the_ranking(tmp_path):
+    recipe = shipped_recipe("cpu-tiny")
+    reports_dir = tmp_path / "reports"
+    for host, efficiency in (("tiny-a", 0.004), ("tiny-b", 0.0125), ("tiny-c", None)):
+        report = make_report(recipe, host)
+        if efficiency is not None:
+            report.roofline = compute_roofline(report, recipe).model_copy(update={"efficiency": efficiency})
+        (reports_dir / host).mkdir(parents=True)
+        (reports_dir / host / "report.json").write_text(report.model_dump_json())
+    fleet = aggregate(reports_dir)
+    (cpu_fleet,) = fleet.recipes
+    assert [r.host for r in cpu_fleet.efficiency_ranking] == ["tiny-b", "tiny-a"]
+    assert cpu_fleet.hosts_without_efficiency == ["tiny-c"]
+    markdown = render_markdown(fleet)
+    assert "### Efficiency against each host's memory-bandwidth bound" in markdown
+    assert "| 1 | tiny-b | 1.2% |\n| 2 | tiny-a | 0.40% |" in markdown
+    assert "Not measured on 1 host: tiny-c" in markdown
+    html = render_fleet_html(fleet)
+    assert "<th>efficiency vs bandwidth bound</th>" in html and 'data-sort="0.0125">1.2%</td>' in html
 
 
 def test_verify_with_model_dir_measures_this_machine_and_reports_an_efficiency(servers, tiny_model, tmp_path):

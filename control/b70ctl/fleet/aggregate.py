@@ -37,6 +37,7 @@ from b70ctl.fleet.model import (
     ClaimLine,
     DiagnosedGroup,
     DriftValue,
+    EfficiencyRank,
     FieldDrift,
     FieldValueEffect,
     FingerprintGroup,
@@ -176,6 +177,9 @@ def host_entry_from_report(host: str, loaded: LoadedReport, facts: BaseModel | N
         "verdicts": [{"claim_id": v.claim_id, "verdict": v.verdict, "measured": v.measured, "reason": v.reason}
                      for v in report.verdicts],
         "diagnosed": [failure.id for failure in report.diagnosis],
+        "roofline_efficiency": report.roofline.efficiency if report.roofline else None,
+        "roofline_not_measured": (report.roofline.not_measured if report.roofline
+                                  else "the report was written before reports had a roofline"),
     })
 
 
@@ -584,7 +588,18 @@ def _recipe_fleet(name: str, members: list[HostEntry], shipped: set[str], report
         drift=drifts,
         field_effects=_field_effects(drifts, columns, workloads),
         fingerprint_groups=_fingerprint_groups(columns, majority_of, workloads) if usable else [],
+        efficiency_ranking=efficiency_ranking(usable),
+        hosts_without_efficiency=[entry.host for entry in usable if entry.roofline_efficiency is None],
     )
+
+
+def efficiency_ranking(usable: list[HostEntry]) -> list[EfficiencyRank]:
+    """Hosts by their measured decode rate as a fraction of their own memory-bandwidth bound, highest first (by
+    name among equals)."""
+    measured = sorted(((entry.roofline_efficiency, entry.host) for entry in usable
+                       if entry.roofline_efficiency is not None), key=lambda item: (-item[0], item[1]))
+    return [EfficiencyRank(rank=index, host=host, efficiency=efficiency)
+            for index, (efficiency, host) in enumerate(measured, start=1)]
 
 
 def diagnosed_groups(entries: Iterable[HostEntry], failures: dict[str, tuple[str, str]]) -> list[DiagnosedGroup]:

@@ -123,6 +123,10 @@ class HostEntry(Model):
     diagnosed: list[str] = Field(default_factory=list, description="Known failures its report names (diagnose ids)")
     drift_fields: list[str] = Field(default_factory=list, description="Fields differing from the recipe majority")
     outlier_workloads: list[str] = Field(default_factory=list)
+    roofline_efficiency: float | None = Field(
+        None, description="Median decode rate over the memory-bandwidth bound, median over workloads (report "
+                          "roofline.efficiency)")
+    roofline_not_measured: str | None = Field(None, description="Why the report has no efficiency")
 
     _figures_by_name: dict[str, WorkloadFigures] | None = PrivateAttr(None)
 
@@ -236,6 +240,14 @@ class FingerprintGroup(Model):
     figures: list[GroupFigure]
 
 
+class EfficiencyRank(Model):
+    """A host's place among its recipe's hosts by efficiency against its own memory-bandwidth bound."""
+
+    rank: int = Field(description="1: the closest to its bound")
+    host: str
+    efficiency: float
+
+
 class RecipeFleet(Model):
     recipe: str
     recipe_known: bool = Field(description="A recipe b70ctl ships: claims and claim lines come from it")
@@ -249,6 +261,10 @@ class RecipeFleet(Model):
     drift: list[FieldDrift]
     field_effects: list[FieldValueEffect]
     fingerprint_groups: list[FingerprintGroup]
+    efficiency_ranking: list[EfficiencyRank] = Field(
+        default_factory=list, description="Usable hosts with a roofline efficiency, highest first")
+    hosts_without_efficiency: list[str] = Field(default_factory=list,
+                                                description="Usable hosts whose report has no roofline efficiency")
 
 
 class FleetSummary(Model):

@@ -40,6 +40,7 @@ from b70ctl.fleet.model import (
     RecipeFleet,
     WorkloadFigures,
 )
+from b70ctl.report.markdown import efficiency_text
 
 FLEET_MD = "fleet.md"
 FLEET_HTML = "fleet.html"
@@ -146,7 +147,8 @@ def _environment(report_kind: str) -> Environment:
         keep_trailing_newline=True,
     )
     environment.filters.update(names=_names if report_kind == "html" else _markdown_names, labels=_labels, group_kind=_group_kind, number=_number,
-                               percent=_percent, md=_md_cell, short=_short, cell=_cell, code=_code)
+                               percent=_percent, md=_md_cell, short=_short, cell=_cell, code=_code,
+                               efficiency=efficiency_text)
     return environment
 
 
