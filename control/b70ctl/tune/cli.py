@@ -27,7 +27,13 @@ def tune_command(
         help="Most measured requests of the whole tune (default: the recipe's tune.budget_requests)")] = None,
     models_dir: Annotated[Path | None, typer.Option(
         help="Where the generated models are (made once when missing; default ~/.cache/b70ctl/tiny-models)")] = None,
-    start_timeout: Annotated[float, typer.Option(help="Seconds a server may take to become healthy")] = 900.0,
+    start_timeout: Annotated[float | None, typer.Option(
+        help="Seconds a server may take to become healthy (default 900; with --host, the role's health timeout)")
+    ] = None,
+    host: Annotated[Path | None, typer.Option(
+        help="An appliance host whose serving unit the tune owns: its connection and vllm_serve settings as JSON "
+             "(a file, or - for stdin; playbooks/tune.yml passes it). Without it: local processes (cpu-tiny)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print tune.json to stdout")] = False,
 ) -> None:
     """Find the best settings of the recipe's tune space on this host: successive halving under a request budget,
@@ -44,14 +50,15 @@ def tune_command(
 
     if budget_requests is not None and budget_requests < 1:
         raise BadInput(f"--budget-requests {budget_requests}: give the most requests the tune may measure, above 0")
-    if not math.isfinite(start_timeout) or start_timeout <= 0:
+    if start_timeout is not None and (not math.isfinite(start_timeout) or start_timeout <= 0):
         raise BadInput(f"--start-timeout {start_timeout:g}: give the seconds a server may take to start, above 0")
     loaded = load_recipe(recipe)
     if loaded.tune is None:
         raise BadInput(f"recipe {loaded.name} has no tune section: nothing may be tuned")
-    if loaded.host.accelerator != "cpu" or loaded.tiny is None:
-        raise BadInput(f"recipe {loaded.name} runs on B70 hosts, whose candidates the appliance's unit must serve; "
-                       "b70ctl tune serves local processes, for the embedded default (cpu-tiny)")
+    appliance = _appliance_host(host) if host is not None else None
+    if appliance is None and (loaded.host.accelerator != "cpu" or loaded.tiny is None):
+        raise BadInput(f"recipe {loaded.name} runs on B70 hosts, whose candidates the appliance's unit must serve: "
+                       "tune them with playbooks/tune.yml (b70ctl tune --host)")
     from b70ctl.tune.run import tune_plan
 
     tune_plan(loaded, None, budget_requests)  # a budget that cannot cover one round is refused before any start
@@ -60,17 +67,28 @@ def tune_command(
     def progress(message: str) -> None:
         console.print(f"[cyan]tune:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
-    models = models_dir or default_cache_dir() / "tiny-models"
-    progress(f"tiny models in {models} (generated once)")
-    ensure_models(loaded, models)
-    servers = LocalServing(loaded, models, out / "logs", timeout_s=start_timeout, progress=progress)
     from b70ctl.tune.state import STATE_FILE
     from b70ctl.verify import Terminated, _sigterm_ends_the_run
 
     try:
-        # SIGTERM (systemd, Ansible) unwinds like Ctrl-C: the servers started are stopped, the measurements stay.
+        # SIGTERM (systemd, Ansible) unwinds like Ctrl-C: the servers started are stopped (the appliance's unit
+        # put back as it was), the measurements stay.
         with _sigterm_ends_the_run():
-            report = run_tune(loaded, servers, out, progress=progress, budget_requests=budget_requests)
+            if appliance is not None:
+                from b70ctl.tune.unit import SystemdUnitServing, host_shell
+
+                if start_timeout is not None:
+                    appliance = appliance.model_copy(update={"health_timeout_s": start_timeout})
+                with SystemdUnitServing(loaded, appliance, host_shell(appliance), progress=progress) as unit:
+                    report = run_tune(loaded, unit, out, progress=progress, profile=unit.profile,
+                                      budget_requests=budget_requests)
+            else:
+                models = models_dir or default_cache_dir() / "tiny-models"
+                progress(f"tiny models in {models} (generated once)")
+                ensure_models(loaded, models)
+                servers = LocalServing(loaded, models, out / "logs", timeout_s=start_timeout or 900.0,
+                                       progress=progress)
+                report = run_tune(loaded, servers, out, progress=progress, budget_requests=budget_requests)
     except (KeyboardInterrupt, Terminated) as stop:
         console.print(f"stopped: what was measured is kept in {out / STATE_FILE}; the same command resumes from it",
                       highlight=False, soft_wrap=True)
@@ -81,6 +99,28 @@ def tune_command(
     else:
         render(report, out)
     raise typer.Exit(1 if report.outcome == "no_candidate" else 0)
+
+
+def _appliance_host(path: Path):
+    """The --host document: a file, or - for stdin (the playbook's way: the API key stays out of argv)."""
+    from pydantic import ValidationError
+
+    from b70ctl.errors import first_problem
+    from b70ctl.tune.unit import ApplianceHost
+
+    text = sys.stdin.read() if str(path) == "-" else _read_host_file(path)
+    try:
+        return ApplianceHost.model_validate_json(text)
+    except ValidationError as error:
+        raise BadInput(f"--host {path}: {first_problem(error)}: pass the host document playbooks/tune.yml "
+                       "writes") from None
+
+
+def _read_host_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise BadInput(f"--host {path}: not readable ({error}): give the host document, or - for stdin") from None
 
 
 def _shown(value: float | None) -> str:

@@ -1,0 +1,423 @@
+"""The appliance's own systemd unit as the tune's server: each candidate is served by the unit roles/vllm_serve
+installed (its User=, ExecStartPre=, ExecStop=, Restart= and container name), with the ExecStart of the same
+render (candidate_command / render_container) and the same health gate as the role (/health answers 200, then
+/v1/models lists the recipe's served model name, within the role's health timeout).
+
+A candidate is a runtime drop-in, /run/systemd/system/<unit>.service.d/b70-tune.conf, that replaces ExecStart,
+and an environment file of its own beside the unit's; the unit file under /etc is never touched. At the end,
+however the tune ends (done, a failure, SIGTERM, Ctrl-C), the drop-in and the environment file are removed and
+the unit is restarted as it was and health-gated again; the baseline unit stopped for the tune is started again.
+A tune killed without a chance to clean up (SIGKILL, power) leaves a drop-in under /run, which a reboot drops
+and the next tune removes first.
+
+The host's commands go through a HostShell: over SSH from the controller (SshShell, the same account and key as
+Ansible's connection), where b70ctl and the reports live, as for verify.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import PurePosixPath
+from types import TracebackType
+from typing import Literal, Protocol
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from b70ctl.checks.client import Endpoint
+from b70ctl.errors import BadInput, first_problem
+from b70ctl.host.model import TopologyDocument
+from b70ctl.recipes.model import Recipe
+from b70ctl.serve.render import ServeCommand, ServeContext, render_container
+from b70ctl.tune.model import Candidate
+from b70ctl.tune.serving import CandidateFailed, candidate_command, server_name
+
+DROP_IN_NAME = "b70-tune.conf"
+CONTAINER_DOCUMENT_SUFFIX = ".container.json"
+
+
+class HostCommandFailed(Exception):
+    def __init__(self, argv: list[str], detail: str):
+        super().__init__(f"{shlex.join(argv)}: {detail}")
+        self.argv, self.detail = argv, detail
+
+
+class HostShell(Protocol):
+    def run(self, argv: list[str], stdin: str | None = None) -> str:
+        """Run argv on the host (as root), return its stdout; HostCommandFailed when it exits non-zero."""
+        ...
+
+
+def _completed(argv: list[str], completed: subprocess.CompletedProcess[str]) -> str:
+    if completed.returncode != 0:
+        detail = (completed.stderr.strip().splitlines() or [f"exit {completed.returncode}"])[-1]
+        raise HostCommandFailed(argv, detail[:300])
+    return completed.stdout
+
+
+class LocalShell:
+    """This machine is the host (ansible_connection=local): through sudo -n unless b70ctl runs as root."""
+
+    def __init__(self, timeout_s: float = 120.0, become: bool = True):
+        self.timeout_s = timeout_s
+        self.sudo = ["sudo", "-n", "--"] if become and os.geteuid() != 0 else []
+
+    def run(self, argv: list[str], stdin: str | None = None) -> str:
+        argv = [*self.sudo, *argv]
+        try:
+            completed = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=self.timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise HostCommandFailed(argv, str(error)) from error
+        return _completed(argv, completed)
+
+
+class ApplianceHost(BaseModel):
+    """The host a tune owns the unit of, as playbooks/tune.yml hands it over (stdin of `b70ctl tune --host -`):
+    how to reach it (Ansible's connection settings) and the vllm_serve role's settings of its unit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="inventory_hostname")
+    connection: Literal["ssh", "local"] = Field("ssh", description="ansible_connection: local when the controller "
+                                                                    "is the host")
+    address: str = Field(description="ansible_host: where SSH and the served port are reached")
+    ssh_port: int = Field(22, ge=1, le=65535)
+    ssh_user: str | None = Field(None, description="ansible_user; None: ssh's own default")
+    ssh_private_key: str | None = Field(None, description="ansible_ssh_private_key_file")
+    ssh_common_args: str = Field("", description="ansible_ssh_common_args, split like a shell line")
+    become: bool = Field(True, description="Run the host's commands through sudo -n when the user is not root")
+    unit: str = Field("b70-vllm", pattern=r"^[A-Za-z0-9:_.@-]+$", description="vllm_serve_unit")
+    port: int = Field(8000, ge=1, le=65535, description="vllm_serve_port")
+    config_dir: str = Field("/etc/b70/serve", description="vllm_serve_config_dir")
+    etc_dir: str = Field("/etc/b70", description="b70_etc_dir (topology.json)")
+    baseline_unit: str | None = Field(None, pattern=r"^[A-Za-z0-9:_.@-]+$",
+                                      description="The baseline server's unit, stopped while the tune measures")
+    api_key: str | None = Field(None, repr=False, description="vllm_serve_api_key (secret)")
+    health_timeout_s: float = Field(900.0, gt=0, description="vllm_serve_health_timeout")
+
+
+def host_shell(host: ApplianceHost) -> HostShell:
+    return LocalShell(become=host.become) if host.connection == "local" else SshShell(host)
+
+
+class SshShell:
+    """The host over SSH, with the connection settings Ansible uses for it."""
+
+    def __init__(self, host: ApplianceHost, timeout_s: float = 120.0):
+        self.host, self.timeout_s = host, timeout_s
+
+    def ssh_argv(self, argv: list[str]) -> list[str]:
+        host = self.host
+        options = ["-o", "BatchMode=yes", "-p", str(host.ssh_port)]
+        if host.ssh_private_key:
+            options += ["-i", host.ssh_private_key]
+        options += shlex.split(host.ssh_common_args)
+        destination = f"{host.ssh_user}@{host.address}" if host.ssh_user else host.address
+        if host.become and host.ssh_user not in (None, "root"):
+            argv = ["sudo", "-n", "--", *argv]
+        return ["ssh", *options, "--", destination, shlex.join(argv)]
+
+    def run(self, argv: list[str], stdin: str | None = None) -> str:
+        command = self.ssh_argv(argv)
+        try:
+            completed = subprocess.run(command, input=stdin if stdin is not None else "", capture_output=True,
+                                       text=True, timeout=self.timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise HostCommandFailed(argv, str(error)) from error
+        if completed.returncode == 255:
+            raise BadInput(f"{self.host.name}: SSH to {self.host.address}:{self.host.ssh_port} failed: "
+                           f"{(completed.stderr.strip().splitlines() or ['no message'])[-1][:300]}: check the "
+                           "inventory's connection settings (ansible -m ping)")
+        return _completed(argv, completed)
+
+
+class ServingContainer(BaseModel):
+    """What roles/vllm_serve records beside the unit (<config_dir>/<unit>.container.json): the parts of its
+    ExecStart that do not come from the render, and the render's inputs, so a candidate's ExecStart is the
+    role's with only the rendered parts (docker options, server arguments, environment) replaced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exec_prefix: list[str] = Field(min_length=1, description="docker run ... up to the rendered docker options")
+    env_file: str = Field(description="The unit's environment file, one of exec_prefix's --env-file values")
+    image: str
+    model_dir: str = Field(description="Target directory as the container sees it (--model-dir of the render)")
+    drafter_dir: str | None = None
+    port: int = Field(ge=1, le=65535)
+    extra_env: dict[str, str] = Field(default_factory=dict, description="vllm_serve_extra_env")
+
+
+# systemd's ExecStart quoting, as roles/vllm_serve/filter_plugins/systemd_quote.py writes the role's unit (a test
+# holds the two to the same output): double-quoted, C escapes for control characters, % and $ doubled.
+_CONTROL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\", '"': '\\"', "%": "%%", "$": "$$"}
+
+
+def systemd_exec_argument(value: str) -> str:
+    out = []
+    for character in value:
+        if character in _CONTROL_ESCAPES:
+            out.append(_CONTROL_ESCAPES[character])
+        elif ord(character) < 32 or ord(character) == 127:
+            out.append(f"\\x{ord(character):02x}")
+        else:
+            out.append(character)
+    return '"' + "".join(out) + '"'
+
+
+def candidate_exec(container: ServingContainer, command: ServeCommand, env_file: str) -> list[str]:
+    """The role's ExecStart with the candidate's rendered parts and its own environment file."""
+    prefix = list(container.exec_prefix)
+    swapped = [index + 1 for index, part in enumerate(prefix[:-1])
+               if part == "--env-file" and prefix[index + 1] == container.env_file]
+    if len(swapped) != 1:
+        raise BadInput(f"the recorded ExecStart does not pass {container.env_file} once as --env-file: run the "
+                       "serving stage again (playbooks/serve.yml) before tuning")
+    prefix[swapped[0]] = env_file
+    return prefix + command.docker_args + [container.image] + command.argv
+
+
+def drop_in_text(label: str, exec_argv: list[str]) -> str:
+    """The runtime drop-in serving one candidate: ExecStart emptied, then the candidate's."""
+    shown = " ".join(label.split()).replace("%", "%%")
+    return (f"# b70ctl tune is serving {shown} through this unit; the drop-in goes when the tune ends, or at reboot.\n"
+            "[Service]\nExecStart=\nExecStart=" + " ".join(systemd_exec_argument(part) for part in exec_argv) + "\n")
+
+
+def env_file_text(env: dict[str, str]) -> str:
+    for name, value in env.items():
+        if any(ord(character) < 32 or ord(character) == 127 for character in name + value):
+            raise BadInput(f"environment {name}: the value holds a line break or control character")
+    return "# b70ctl tune: the candidate's environment\n" + "".join(f"{name}={value}\n"
+                                                                  for name, value in sorted(env.items()))
+
+
+def health_gate(base_url: str, model: str, api_key: str | None, timeout_s: float, poll_s: float = 5.0,
+                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    """The role's gate: /health answers 200, then /v1/models lists the served model. CandidateFailed on time out."""
+    deadline = clock() + timeout_s
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    last = "no answer"
+    while True:
+        try:
+            health = httpx.get(f"{base_url}/health", timeout=5)
+            if health.status_code == 200:
+                listed = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=10)
+                names = [entry.get("id") for entry in listed.json().get("data", [])] if listed.status_code == 200 \
+                    else []
+                if model in names:
+                    return
+                last = (f"/v1/models answered {listed.status_code} without {model}" if listed.status_code == 200
+                        else f"/v1/models answered {listed.status_code}")
+            else:
+                last = f"/health answered {health.status_code}"
+        except (httpx.HTTPError, ValueError, AttributeError) as error:
+            last = f"no answer ({type(error).__name__})"
+        if clock() >= deadline:
+            raise CandidateFailed(f"not healthy within {timeout_s:.0f} s: {last}")
+        sleep(poll_s)
+
+
+class SystemdUnitServing:
+    """CandidateServers over the appliance's unit. Use as a context manager: entering reads what the role
+    recorded and stops the baseline unit; leaving puts the unit back as it was, whatever ended the tune."""
+
+    def __init__(self, recipe: Recipe, host: ApplianceHost, shell: HostShell,
+                 progress: Callable[[str], None] | None = None, request_timeout_s: float = 120.0,
+                 poll_s: float = 5.0):
+        self.recipe, self.host, self.shell = recipe, host, shell
+        self.progress = progress or (lambda _message: None)
+        self.request_timeout_s, self.poll_s = request_timeout_s, poll_s
+        self.container: ServingContainer | None = None
+        self.topology: TopologyDocument | None = None
+        self.was_active = False
+        self.stopped_baseline = False
+        self.started = 0
+        unit = PurePosixPath("/run/systemd/system") / f"{host.unit}.service.d"
+        self.drop_in_dir, self.drop_in = str(unit), str(unit / DROP_IN_NAME)
+        self.env_file = str(PurePosixPath(host.config_dir) / f"{host.unit}.tune.env")
+
+    # -- the host -------------------------------------------------------------------------------------------
+
+    def _read_json(self, path: str, what: str) -> dict:
+        try:
+            text = self.shell.run(["cat", path])
+            document = json.loads(text)
+        except HostCommandFailed as error:
+            raise BadInput(f"{self.host.name}: {path} could not be read ({error.detail}): {what}") from error
+        except json.JSONDecodeError as error:
+            raise BadInput(f"{self.host.name}: {path} is not JSON: {what}") from error
+        if not isinstance(document, dict):
+            raise BadInput(f"{self.host.name}: {path} is not a JSON object: {what}")
+        return document
+
+    def _is_active(self, unit: str) -> bool:
+        try:
+            return self.shell.run(["systemctl", "is-active", f"{unit}.service"]).strip() == "active"
+        except HostCommandFailed:
+            return False
+
+    def _systemctl(self, *arguments: str) -> None:
+        self.shell.run(["systemctl", *arguments])
+
+    def _write(self, path: str, text: str, mode: str) -> None:
+        # Written beside, then renamed: systemd and docker never read half a file.
+        self.shell.run(["sh", "-c", 'umask 077 && cat > "$1.new" && chmod "$2" "$1.new" && mv -f "$1.new" "$1"',
+                        "b70-tune-write", path, mode], stdin=text)
+
+    def _remove_drop_in(self) -> None:
+        self.shell.run(["rm", "-f", self.drop_in, self.env_file])
+        self._systemctl("daemon-reload")
+
+    def __enter__(self) -> SystemdUnitServing:
+        path = str(PurePosixPath(self.host.config_dir) / f"{self.host.unit}{CONTAINER_DOCUMENT_SUFFIX}")
+        again = "run the serving stage (playbooks/serve.yml) on this host before tuning it"
+        try:
+            self.container = ServingContainer.model_validate(self._read_json(path, again))
+        except ValidationError as error:
+            raise BadInput(f"{self.host.name}: {path}: {first_problem(error)}: {again}") from error
+        if self.recipe.host.accelerator == "xpu":
+            topology = str(PurePosixPath(self.host.etc_dir) / "topology.json")
+            try:
+                self.topology = TopologyDocument.model_validate(self._read_json(topology, again))
+            except ValidationError as error:
+                raise BadInput(f"{self.host.name}: {topology}: {first_problem(error)}: {again}") from error
+        # A drop-in left by a tune killed outright is removed first: the unit is what the role installed.
+        self._remove_drop_in()
+        self.was_active = self._is_active(self.host.unit)
+        if self.host.baseline_unit and self._is_active(self.host.baseline_unit):
+            self.progress(f"stopping {self.host.baseline_unit} while the tune measures (started again at the end)")
+            self._systemctl("stop", f"{self.host.baseline_unit}.service")
+            self.stopped_baseline = True
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        deferred = _defer_sigterm()
+        try:
+            self.restore(raise_on_failure=error is None)
+        finally:
+            if deferred.release() and error is None:
+                from b70ctl.verify import Terminated
+
+                raise Terminated()
+
+    def restore(self, raise_on_failure: bool = True) -> None:
+        """The unit as the role installed it: drop-in and candidate environment removed, restarted and
+        health-gated when it was running before the tune (stopped otherwise); the baseline unit started again."""
+        unit = f"{self.host.unit}.service"
+        problems = []
+        try:
+            self._remove_drop_in()
+            if self.was_active:
+                self.progress(f"restoring {self.host.unit} as the serving stage installed it")
+                self._systemctl("restart", unit)
+                health_gate(self.base_url, self.recipe.serve.served_model_name, self.host.api_key,
+                            self.host.health_timeout_s, self.poll_s)
+            else:
+                self._systemctl("stop", unit)
+        except (HostCommandFailed, CandidateFailed) as failure:
+            problems.append(f"{self.host.unit}: {failure}")
+        if self.stopped_baseline and self.host.baseline_unit:
+            try:
+                self._systemctl("start", f"{self.host.baseline_unit}.service")
+            except HostCommandFailed as failure:
+                problems.append(f"{self.host.baseline_unit}: {failure}")
+        if problems:
+            message = (f"{self.host.name}: the serving unit was not restored: {'; '.join(problems)}: run "
+                       "playbooks/serve.yml on this host")
+            self.progress(message)
+            if raise_on_failure:
+                raise BadInput(message)
+        elif self.was_active:
+            self.progress(f"{self.host.unit} restored and healthy")
+
+    # -- CandidateServers -----------------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        address = f"[{self.host.address}]" if ":" in self.host.address else self.host.address
+        return f"http://{address}:{self.host.port}"
+
+    @property
+    def profile(self) -> str | None:
+        """The host's oneCCL profile (from topology.json): the tune space's thresholds are this profile's."""
+        return self.topology.profile if self.topology is not None else None
+
+    def _context(self, speculative: bool) -> ServeContext:
+        assert self.container is not None, "use SystemdUnitServing as a context manager"
+        return ServeContext(model_dir=self.container.model_dir, drafter_dir=self.container.drafter_dir,
+                            host="0.0.0.0", port=self.container.port, speculative=speculative,
+                            extra_env=self.container.extra_env)
+
+    def _serve(self, label: str, command: ServeCommand) -> Iterator[Endpoint]:
+        assert self.container is not None
+        exec_argv = candidate_exec(self.container, command, self.env_file)
+        self._write(self.env_file, env_file_text(command.env), "0640")
+        self.shell.run(["mkdir", "-p", self.drop_in_dir])
+        self._write(self.drop_in, drop_in_text(label, exec_argv), "0644")
+        self._systemctl("daemon-reload")
+        self.started += 1
+        self.progress(f"serving {label} through {self.host.unit} on {self.host.name}")
+        self._systemctl("restart", f"{self.host.unit}.service")
+        try:
+            health_gate(self.base_url, self.recipe.serve.served_model_name, self.host.api_key,
+                        self.host.health_timeout_s, self.poll_s)
+        except CandidateFailed as failed:
+            raise CandidateFailed(f"{failed.reason}; {self._last_log_line()}") from None
+        yield Endpoint(self.base_url, model=self.recipe.serve.served_model_name, api_key=self.host.api_key,
+                       timeout_s=self.request_timeout_s)
+
+    def _last_log_line(self) -> str:
+        try:
+            lines = self.shell.run(["journalctl", "--unit", f"{self.host.unit}.service", "--lines", "200",
+                                    "--no-pager", "--output", "cat"]).splitlines()
+        except HostCommandFailed:
+            return "no journal"
+        errors = [line for line in lines if "Error" in line or "Exception" in line]
+        return "last log line: " + ((errors or lines or ["empty journal"])[-1].strip()[:300])
+
+    @contextmanager
+    def baseline(self) -> Iterator[Endpoint]:
+        command = render_container(self.recipe, self._context(speculative=False), self.topology)
+        try:
+            yield from self._serve("the target-only baseline", command)
+        except CandidateFailed as failed:
+            raise BadInput(f"{self.host.name}: the target-only baseline did not start: {failed.reason}") from None
+
+    @contextmanager
+    def candidate(self, candidate: Candidate) -> Iterator[Endpoint]:
+        try:
+            command = candidate_command(self.recipe, candidate, self._context(speculative=True), self.topology)
+        except ValueError as error:
+            raise CandidateFailed(f"not renderable: {error}") from error
+        yield from self._serve(server_name(candidate), command)
+
+
+class _DeferredSigterm:
+    def __init__(self) -> None:
+        self.received = False
+        self.previous: object = None
+        self.installed = threading.current_thread() is threading.main_thread()
+        if self.installed:
+            self.previous = signal.signal(signal.SIGTERM, self._note)
+
+    def _note(self, _signum: int, _frame: object) -> None:
+        self.received = True
+
+    def release(self) -> bool:
+        if self.installed:
+            signal.signal(signal.SIGTERM, self.previous)  # type: ignore[arg-type]
+        return self.received
+
+
+def _defer_sigterm() -> _DeferredSigterm:
+    """A SIGTERM while the unit is being restored waits until it is restored, then ends the tune."""
+    return _DeferredSigterm()

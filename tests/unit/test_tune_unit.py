@@ -1,0 +1,304 @@
+"""b70ctl tune on an appliance host: the unit-owning CandidateServers (tune/unit.py) against an emulated host.
+
+The host is a directory standing for its root, with the unit the role's real template renders (its real filter
+plugin quoting the role's ExecStart); file commands (cat, rm, mkdir, sh) run for real under that root, systemctl is
+emulated: a restart reads the unit and its drop-ins the way systemd merges them (an empty ExecStart= resets) and
+serves, on the unit's port, a scripted vLLM whose speed follows the --speculative-config of the ExecStart it read.
+So each candidate's measured rate comes from what the drop-in really says. The drop-ins are also checked by
+systemd-analyze verify beside the unit, and their ExecStart by systemd's word splitting (test_hostile_inputs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from scripted_server import ScriptedServer
+from test_hostile_inputs import HOSTILE_UNIT_VALUES, _render_unit, _systemd_split
+from test_tune import RECIPE, SERVED_RATES, steady_script
+
+from b70ctl.errors import BadInput
+from b70ctl.serve.local import free_port
+from b70ctl.serve.render import ServeContext, render_container
+from b70ctl.tune.run import run_tune
+from b70ctl.tune.unit import (
+    ApplianceHost,
+    HostCommandFailed,
+    LocalShell,
+    SshShell,
+    SystemdUnitServing,
+    systemd_exec_argument,
+)
+from b70ctl.verify import Terminated, _sigterm_ends_the_run
+
+REPO = Path(__file__).resolve().parents[2]
+UNIT = "b70-vllm"
+BASELINE_UNIT = "b70-vllm-baseline"
+CONFIG_DIR = "/etc/b70/serve"
+MODEL = RECIPE.serve.served_model_name
+
+
+class PortServer(ScriptedServer):
+    """A scripted vLLM on the unit's own port (a restart binds it again)."""
+
+    def __init__(self, port: int):
+        self.fixed_port = port
+        super().__init__(model=MODEL)
+
+    def server_bind(self) -> None:
+        self.server_address = ("127.0.0.1", self.fixed_port)
+        super().server_bind()
+
+
+def speculative_k(argv: list[str]) -> int | None:
+    if "--speculative-config" not in argv:
+        return None
+    return json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
+
+
+class EmulatedHost:
+    """A host root with the role's unit; systemctl emulated, every other command run for real under the root."""
+
+    def __init__(self, root: Path, port: int, rates: dict[int, float], no_start: frozenset[int] = frozenset(),
+                 on_restart=None):
+        self.root, self.port, self.rates, self.no_start = root, port, rates, no_start
+        self.on_restart = on_restart
+        self.calls: list[list[str]] = []
+        self.active: set[str] = {UNIT, BASELINE_UNIT}
+        self.served: list[list[str]] = []  # the ExecStart argv of every start of UNIT
+        self.drop_ins: list[str] = []  # every drop-in text a start read
+        self.server: PortServer | None = None
+        self.original_exec = self.install()
+
+    def path(self, absolute: str) -> Path:
+        return self.root / absolute.lstrip("/")
+
+    def install(self) -> list[str]:
+        """What roles/vllm_serve leaves: env file, container.json, the unit from the real template."""
+        prefix = ["/usr/bin/docker", "run", "--rm", "--name", UNIT, "--env-file", f"{CONFIG_DIR}/{UNIT}.env",
+                  "--volume", "/var/lib/b70/models:/models:ro", "--label", "org.b70.models=0123456789abcdef"]
+        context = ServeContext(model_dir="/models/tiny-target", drafter_dir="/models/tiny-drafter",
+                               host="0.0.0.0", port=self.port)
+        rendered = render_container(RECIPE, context, None)
+        exec_argv = prefix + rendered.docker_args + ["sha256:image"] + rendered.argv
+        unit = self.path(f"/etc/systemd/system/{UNIT}.service")
+        unit.parent.mkdir(parents=True)
+        unit.write_text(_render_unit(RECIPE.name, exec_argv, unit=UNIT))
+        config = self.path(CONFIG_DIR)
+        config.mkdir(parents=True)
+        (config / f"{UNIT}.env").write_text("".join(f"{k}={v}\n" for k, v in sorted(rendered.env.items())))
+        (config / f"{UNIT}.container.json").write_text(json.dumps({
+            "exec_prefix": prefix, "env_file": f"{CONFIG_DIR}/{UNIT}.env", "image": "sha256:image",
+            "model_dir": "/models/tiny-target", "drafter_dir": "/models/tiny-drafter", "port": self.port,
+            "extra_env": {}}))
+        self.unit_text = unit.read_text()
+        return exec_argv
+
+    # -- systemd ---------------------------------------------------------------------------------------------
+    def exec_start(self, unit: str) -> list[str]:
+        """ExecStart as systemd merges the unit file and its drop-ins (/etc's, then /run's; an empty one resets)."""
+        lines = self.path(f"/etc/systemd/system/{unit}.service").read_text().splitlines()
+        for directory in (f"/etc/systemd/system/{unit}.service.d", f"/run/systemd/system/{unit}.service.d"):
+            for drop_in in sorted(self.path(directory).glob("*.conf")) if self.path(directory).is_dir() else []:
+                self.drop_ins.append(drop_in.read_text())
+                lines += drop_in.read_text().splitlines()
+        commands: list[list[str]] = []
+        for line in lines:
+            if line.startswith("ExecStart="):
+                value = line.removeprefix("ExecStart=")
+                commands = [] if not value else [*commands, _systemd_split(value)]
+        assert len(commands) == 1, commands
+        return commands[0]
+
+    def start(self, unit: str) -> None:
+        self.active.add(unit)
+        if unit != UNIT:
+            return
+        argv = self.exec_start(unit)
+        self.served.append(argv)
+        if self.on_restart is not None:
+            self.on_restart(self)
+        k = speculative_k(argv)
+        if k in self.no_start:
+            return  # the container exits at once: nothing answers on the port
+        env_file = argv[argv.index("--env-file") + 1]
+        assert self.path(env_file).is_file(), env_file
+        self.server = PortServer(self.port)
+        self.server.model = argv[argv.index("--served-model-name") + 1]  # what /v1/models lists
+        self.server.__enter__()
+        self.server.speculates = k is not None
+        self.server.default_script = steady_script(self.rates.get(k, 300.0) if k is not None else 300.0)
+
+    def stop(self, unit: str) -> None:
+        self.active.discard(unit)
+        if unit == UNIT and self.server is not None:
+            self.server.__exit__(None, None, None)
+            self.server = None
+
+    def systemctl(self, arguments: list[str]) -> str:
+        verb, *units = arguments
+        names = [unit.removesuffix(".service") for unit in units]
+        if verb == "daemon-reload":
+            return ""
+        if verb == "is-active":
+            if names[0] not in self.active:
+                raise HostCommandFailed(["systemctl", *arguments], "inactive")
+            return "active\n"
+        for name in names:
+            if verb in ("restart", "stop"):
+                self.stop(name)
+            if verb in ("restart", "start"):
+                self.start(name)
+        return ""
+
+    def run(self, argv: list[str], stdin: str | None = None) -> str:
+        self.calls.append(argv)
+        if argv[0] == "systemctl":
+            return self.systemctl(argv[1:])
+        if argv[0] == "journalctl":
+            return "INFO starting\nRuntimeError: Engine core initialization failed\n"
+        assert argv[0] in ("cat", "rm", "mkdir", "sh"), argv
+        under_root = [argv[0], *(str(self.path(part)) if part.startswith("/") else part for part in argv[1:])]
+        return LocalShell(become=False).run(under_root, stdin)
+
+    def close(self) -> None:
+        self.stop(UNIT)
+
+
+@pytest.fixture
+def host_factory(tmp_path):
+    made: list[EmulatedHost] = []
+
+    def make(**options) -> tuple[EmulatedHost, ApplianceHost]:
+        port = free_port()
+        emulated = EmulatedHost(tmp_path / "host", port, **{"rates": SERVED_RATES, **options})
+        emulated.start(UNIT)
+        made.append(emulated)
+        appliance = ApplianceHost(name="tiny-1", address="127.0.0.1", unit=UNIT, port=port, config_dir=CONFIG_DIR,
+                                  baseline_unit=BASELINE_UNIT, health_timeout_s=1.0)
+        return emulated, appliance
+
+    yield make
+    for emulated in made:
+        emulated.close()
+
+
+def assert_restored(emulated: EmulatedHost) -> None:
+    assert not emulated.path(f"/run/systemd/system/{UNIT}.service.d/b70-tune.conf").exists()
+    assert not emulated.path(f"{CONFIG_DIR}/{UNIT}.tune.env").exists()
+    assert emulated.path(f"/etc/systemd/system/{UNIT}.service").read_text() == emulated.unit_text
+    assert emulated.served[-1] == emulated.original_exec and emulated.server is not None
+    assert emulated.active == {UNIT, BASELINE_UNIT}
+
+
+def test_each_candidate_is_served_by_the_roles_unit_and_the_unit_is_put_back(host_factory, tmp_path):
+    emulated, appliance = host_factory(no_start=frozenset({1}))
+    with SystemdUnitServing(RECIPE, appliance, emulated, poll_s=0.05) as servers:
+        assert emulated.active == {UNIT}  # the baseline unit is stopped while the tune measures
+        report = run_tune(RECIPE, servers, tmp_path / "tune")
+    # the speeds came from the drop-ins' own --speculative-config: the fastest correct k won
+    assert report.outcome == "tuned" and report.tuned_overrides["num_speculative_tokens"] == 5
+    results = {c.overrides["num_speculative_tokens"]: c for c in report.candidates}
+    assert results[1].disqualified.startswith("the server did not start: not healthy within 1 s")
+    assert "RuntimeError: Engine core initialization failed" in results[1].disqualified
+    # baseline first (no speculation), then each start's ExecStart: the role's, with the candidate's rendered part
+    # and its own environment file, nothing else
+    starts = emulated.served[1:-1]
+    assert speculative_k(starts[0]) is None and [speculative_k(a) for a in starts[1:7]] == [1, 2, 3, 4, 5, 6]
+    tune_env = f"{CONFIG_DIR}/{UNIT}.tune.env"
+    for argv in starts:
+        swapped = [tune_env if part == f"{CONFIG_DIR}/{UNIT}.env" else part for part in emulated.original_exec]
+        assert argv[:12] == swapped[:12] and argv[12:argv.index("sha256:image")] == \
+            swapped[12:swapped.index("sha256:image")]
+    assert_restored(emulated)
+
+
+def test_a_drop_in_passes_systemd_analyze_verify_beside_the_unit(host_factory, tmp_path):
+    emulated, appliance = host_factory()
+    from b70ctl.tune.model import Candidate
+
+    hostile = RECIPE.model_copy(update={"serve": RECIPE.serve.model_copy(
+        update={"served_model_name": HOSTILE_UNIT_VALUES["newline-directive"] + "%h$HOME"})})
+    with SystemdUnitServing(hostile, appliance, emulated, poll_s=0.05) as servers:
+        with servers.candidate(Candidate(overrides={"num_speculative_tokens": 3})) as endpoint:
+            assert endpoint.model == hostile.serve.served_model_name
+            drop_in = emulated.path(f"/run/systemd/system/{UNIT}.service.d/b70-tune.conf").read_text()
+        servers.recipe = RECIPE  # the unit as the role installed it serves the recipe's own name
+    exec_lines = [line for line in drop_in.splitlines() if line.startswith("ExecStart")]
+    assert exec_lines[0] == "ExecStart=" and len(exec_lines) == 2
+    argv = _systemd_split(exec_lines[1].removeprefix("ExecStart="))
+    assert argv[argv.index("--served-model-name") + 1] == hostile.serve.served_model_name
+    unit_dir = tmp_path / "verify"
+    (unit_dir / f"{UNIT}.service.d").mkdir(parents=True)
+    (unit_dir / f"{UNIT}.service").write_text(emulated.unit_text)
+    (unit_dir / f"{UNIT}.service.d" / "b70-tune.conf").write_text(drop_in)
+    verified = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit_dir / f"{UNIT}.service")],
+                              capture_output=True, text=True, timeout=60)
+    problems = [line for line in verified.stderr.splitlines() if "b70-tune.conf" in line or "Unknown" in line
+                or "Invalid" in line or "bad" in line.lower()]
+    assert verified.returncode == 0 and not problems, verified.stderr
+
+
+def test_sigterm_mid_tune_puts_the_unit_back_and_keeps_the_measurements(host_factory, tmp_path):
+    def terminate_at_the_fourth_candidate(emulated: EmulatedHost) -> None:
+        if len(emulated.served) == 1 + 1 + 4:  # the unit as found, the baseline, three candidates, this one
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    emulated, appliance = host_factory(on_restart=terminate_at_the_fourth_candidate)
+    with pytest.raises(Terminated), _sigterm_ends_the_run():
+        with SystemdUnitServing(RECIPE, appliance, emulated, poll_s=0.05) as servers:
+            run_tune(RECIPE, servers, tmp_path / "tune")
+    assert_restored(emulated)
+    state = (tmp_path / "tune" / "tune-state.jsonl").read_text().splitlines()
+    assert len(state) == 1 + 3
+
+
+def test_a_unit_that_does_not_come_back_is_said_and_fails_the_run(host_factory, tmp_path):
+    emulated, appliance = host_factory()
+    messages: list[str] = []
+    servers = SystemdUnitServing(RECIPE, appliance.model_copy(update={"health_timeout_s": 0.2}), emulated,
+                                 progress=messages.append, poll_s=0.05)
+    servers.__enter__()
+    emulated.no_start = frozenset({4})  # the recipe's own k=4: the unit put back never answers
+    with pytest.raises(BadInput, match="the serving unit was not restored: b70-vllm: not healthy within 0 s"):
+        servers.__exit__(None, None, None)
+    assert BASELINE_UNIT in emulated.active  # the baseline unit is started again all the same
+    assert any("run playbooks/serve.yml on this host" in message for message in messages)
+
+
+def test_a_host_the_serving_stage_has_not_prepared_is_refused(host_factory):
+    emulated, appliance = host_factory()
+    emulated.path(f"{CONFIG_DIR}/{UNIT}.container.json").unlink()
+    with pytest.raises(BadInput, match=r"b70-vllm.container.json could not be read .*run the serving stage"):
+        with SystemdUnitServing(RECIPE, appliance, emulated):
+            pass
+    assert emulated.active == {UNIT, BASELINE_UNIT}  # nothing was touched
+
+
+@pytest.mark.parametrize("name", HOSTILE_UNIT_VALUES)
+def test_the_drop_in_quotes_like_the_roles_filter(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("systemd_quote",
+                                                  REPO / "roles/vllm_serve/filter_plugins/systemd_quote.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    value = HOSTILE_UNIT_VALUES[name] + "\x01\x7f"
+    assert systemd_exec_argument(value) == module.systemd_exec_argument(value)
+
+
+def test_ssh_carries_each_argument_whole_and_sudo_for_another_user():
+    host = ApplianceHost(name="b70-1", address="10.0.0.5", ssh_port=2222, ssh_user="ops",
+                         ssh_private_key="/keys/id", ssh_common_args="-o StrictHostKeyChecking=no ")
+    argv = SshShell(host).ssh_argv(["sh", "-c", 'cat > "$1"', "x", "/etc/b70/serve/a b.env"])
+    assert argv[:10] == ["ssh", "-o", "BatchMode=yes", "-p", "2222", "-i", "/keys/id", "-o",
+                         "StrictHostKeyChecking=no", "--"]
+    assert argv[10] == "ops@10.0.0.5"
+    assert shlex.split(argv[11]) == ["sudo", "-n", "--", "sh", "-c", 'cat > "$1"', "x", "/etc/b70/serve/a b.env"]
+    root = SshShell(host.model_copy(update={"ssh_user": "root"})).ssh_argv(["true"])
+    assert root[-1] == "true"
