@@ -228,7 +228,7 @@ def test_tune_against_scripted_servers_picks_the_fastest_correct_candidate(tmp_p
     assert "k=2 beats the recipe's default (k=4)" in markdown and "disqualified: greedy outputs differ" in markdown
     svg = (tmp_path / "tune-scores.svg").read_text()
     assert svg.startswith("<svg") and "k=4: score 200.0 tok/s" in svg and "#d62728" in svg
-    tuned = yaml.safe_load((tmp_path / "b70_tuned.yml").read_text())["b70_tuned"]
+    tuned = yaml.safe_load((tmp_path / "b70_tuned.yml").read_text())["vllm_serve_tuned"]
     assert tuned["overrides"] == {"num_speculative_tokens": 2} and tuned["score_tok_s"] == pytest.approx(240.0)
     assert tuned["budget_requests"] == 120 and tuned["date"] == report.finished_at.date().isoformat()
 
@@ -240,7 +240,7 @@ def test_when_the_default_wins_the_report_says_it_was_already_best(tmp_path):
     assert report.outcome == "default_best" and report.tuned_overrides == {}
     assert servers.starts[-1] == 4 and servers.starts.count(4) == 4  # three rounds, then the final alone
     assert "the recipe's default was already best" in (tmp_path / "tune.md").read_text()
-    assert yaml.safe_load((tmp_path / "b70_tuned.yml").read_text())["b70_tuned"]["overrides"] == {}
+    assert yaml.safe_load((tmp_path / "b70_tuned.yml").read_text())["vllm_serve_tuned"]["overrides"] == {}
 
 
 def test_a_halving_winner_that_loses_the_final_leaves_the_default(tmp_path):

@@ -48,7 +48,7 @@ def test_tune_on_real_vllm(cpu_tiny, tiny_models, tmp_path):
     # Every rate is on the engine's clock.
     lines = (tmp_path / STATE_FILE).read_text().splitlines()[1:]
     assert lines and all(json.loads(line)["client_timed"] == 0 for line in lines)
-    tuned = yaml.safe_load((tmp_path / "b70_tuned.yml").read_text())["b70_tuned"]
+    tuned = yaml.safe_load((tmp_path / "b70_tuned.yml").read_text())["vllm_serve_tuned"]
     assert tuned["overrides"] == report.tuned_overrides and tuned["budget_requests"] == 8
     assert (tmp_path / "tune-scores.svg").read_text().startswith("<svg")
     print(f"\n{report.summary}\n" + (tmp_path / "tune.md").read_text())

@@ -74,17 +74,26 @@ def render(
     baseline: Annotated[bool, typer.Option(help="Render the target-only baseline (no speculation)")] = False,
     env: Annotated[list[str] | None, typer.Option(
         help="Extra NAME=VALUE for the server's environment (a site's own setting; repeatable)")] = None,
+    tuned: Annotated[str | None, typer.Option(
+        help="The host's vllm_serve_tuned (host_vars/<host>/b70_tuned.yml) as JSON: its overrides are applied to "
+             "the speculative server ({} or absent: the recipe as it is)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help='Print {"argv", "env", "docker_args"} as JSON')] = False,
 ) -> None:
     """The server's command line, environment and docker options: the one rendering every consumer uses."""
+    from b70ctl.tune.applied import apply_tuned, parse_tuned
+
     site_env = _env_pairs(env or [])
     loaded = _with_site_env(load_recipe(recipe), site_env)
+    document = _topology(topology) if topology is not None else None
+    tuned_env: dict[str, str] = {}
+    if tuned is not None and not baseline:
+        # The baseline is the tune's reference (the recipe's target alone): it stays as the recipe says.
+        loaded, tuned_env = apply_tuned(loaded, parse_tuned(tuned), document.profile if document else None)
     try:
         context = ServeContext(model_dir=model_dir, drafter_dir=drafter_dir, host="0.0.0.0", port=port,
-                               speculative=not baseline, extra_env=site_env)
+                               speculative=not baseline, extra_env={**site_env, **tuned_env})
     except ValidationError as error:
         raise BadInput(f"--port {port}: {first_problem(error)}: give a TCP port from 1 to 65535") from error
-    document = _topology(topology) if topology is not None else None
     try:
         command = render_container(loaded, context, document)
     except ValueError as error:

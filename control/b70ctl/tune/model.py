@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from datetime import date as date_type
 from datetime import datetime
 from typing import Literal
 
@@ -126,3 +127,18 @@ class TuneReport(_Model):
     outcome: Literal["tuned", "default_best", "no_candidate"]
     tuned_overrides: dict[str, Value] = Field(description="What to apply; empty when the default stays")
     summary: str
+
+
+class TunedSettings(_Model):
+    """A host's applied tune: `vllm_serve_tuned` in host_vars/<host>/b70_tuned.yml, which roles/vllm_serve hands to
+    `b70ctl serve render --tuned`. Written by `b70ctl tune` (render.py tuned_yaml)."""
+
+    recipe: str = Field(description="The recipe tuned; the overrides are refused for any other")
+    outcome: Literal["tuned", "default_best", "no_candidate"]
+    overrides: dict[str, Value] = Field(default_factory=dict, description="Empty when the default stays")
+    profile: str | None = Field(None, description="The oneCCL profile the thresholds were tuned for")
+    score_tok_s: float | None = None
+    default_score_tok_s: float | None = None
+    budget_requests: int = Field(ge=0)
+    spent_requests: int = Field(ge=0)
+    date: date_type

@@ -133,12 +133,13 @@ def scores_svg(report: TuneReport) -> str | None:
 
 def tuned_yaml(report: TuneReport) -> str:
     """host_vars/<host>/b70_tuned.yml: the overrides (empty when the recipe's default stays), with the score,
-    the budget and the date."""
+    the budget and the date, as roles/vllm_serve's vllm_serve_tuned (model.TunedSettings), which it applies."""
     final = report.final
-    document = {"b70_tuned": {
+    document = {"vllm_serve_tuned": {
         "recipe": report.recipe,
         "outcome": report.outcome,
         "overrides": dict(report.tuned_overrides),
+        "profile": report.profile,
         "score_tok_s": (round(final.winner.score_tok_s, 2) if final is not None and final.winner.score_tok_s
                         is not None and report.outcome == "tuned" else
                         round(final.default.score_tok_s, 2) if final is not None and final.default is not None
