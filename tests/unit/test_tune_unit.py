@@ -302,3 +302,24 @@ def test_ssh_carries_each_argument_whole_and_sudo_for_another_user():
     assert shlex.split(argv[11]) == ["sudo", "-n", "--", "sh", "-c", 'cat > "$1"', "x", "/etc/b70/serve/a b.env"]
     root = SshShell(host.model_copy(update={"ssh_user": "root"})).ssh_argv(["true"])
     assert root[-1] == "true"
+
+
+def test_the_playbooks_host_document_is_what_b70ctl_tune_reads():
+    """roles/vllm_serve/tasks/tune.yml's stdin, rendered with an inventory's connection settings, validates as the
+    --host document (a key it misses or adds would fail the tune on every host)."""
+    import jinja2
+    import yaml
+
+    task = yaml.safe_load((REPO / "roles/vllm_serve/tasks/tune.yml").read_text())[0]
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    environment.filters.update(to_json=json.dumps, bool=bool)
+    variables = {"inventory_hostname": "b70-1", "ansible_host": "10.0.0.5", "ansible_user": "ops",
+                 "ansible_ssh_private_key_file": "/keys/id", "ansible_ssh_common_args": "-o A=b",
+                 "vllm_serve_unit": UNIT, "vllm_serve_port": 8000, "vllm_serve_config_dir": CONFIG_DIR,
+                 "b70_etc_dir": "/etc/b70", "vllm_serve_baseline": True, "vllm_serve_baseline_unit": BASELINE_UNIT,
+                 "vllm_serve_api_key": "", "vllm_serve_health_timeout": 900}
+    rendered = environment.from_string(task["ansible.builtin.command"]["stdin"]).render(**variables)
+    host = ApplianceHost.model_validate_json(rendered)
+    assert (host.address, host.ssh_port, host.ssh_user, host.connection) == ("10.0.0.5", 22, "ops", "ssh")
+    assert host.baseline_unit == BASELINE_UNIT and host.api_key is None and host.health_timeout_s == 900
+    assert shlex.split(host.ssh_common_args) == ["-o", "A=b"]
