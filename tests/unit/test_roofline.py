@@ -102,7 +102,7 @@ def test_cpu_bound_by_hand_from_the_measured_bandwidth_and_the_tiny_target(tiny_
     roofline = compute_roofline(report, recipe)
 
     # CPU ranks share one memory: all weights but the untied input embedding, every KV head, float32 (--dtype).
-    assert roofline.memory_domains == 1
+    assert roofline.memory == "host" and roofline.memory_domains == 1
     weights = 16 * 8 * 4 + 8 * 8 * 2
     kv_per_token = 2 * 2 * 32 * 4 * 2
     assert roofline.weight_bytes.value == weights and roofline.kv_bytes_per_token.value == kv_per_token
@@ -129,7 +129,8 @@ def test_xpu_bound_per_card_from_docs_facts():
     report.environment.target_shape = shape
     roofline = compute_roofline(report, recipe)
 
-    assert roofline.memory_domains == 2 and roofline.bandwidth_bytes_per_s.value == 608e9
+    assert roofline.memory == "card" and roofline.memory_domains == 2
+    assert roofline.bandwidth_bytes_per_s.value == 608e9
     assert 'docs/facts.md, "Hardware"' in roofline.bandwidth_bytes_per_s.source
     weights_per_card = (28_000_000_000 - 1_300_000_000) / 2
     kv_per_token_per_card = 2 * (4 // 2) * 256 * 2 * 16  # bfloat16: the recipe's --dtype, no --kv-cache-dtype
@@ -140,6 +141,19 @@ def test_xpu_bound_per_card_from_docs_facts():
     context = 12 + result.max_tokens / 2
     assert figures.bound_tok_s == pytest.approx(
         608e9 / (weights_per_card + kv_per_token_per_card * context) * result.spec_decode.mean_acceptance_length)
+
+
+def test_one_card_is_read_per_card_with_the_recipes_fp8_kv_cache():
+    recipe = shipped_recipe("dspark-int4-tp1")  # TP=1, --kv-cache-dtype fp8
+    report = _engine_timed(make_report(recipe, "b70-09"))
+    report.environment.target_shape = TargetShape(
+        directory="/models/target", weight_files=1, weight_bytes=15_000_000_000, num_hidden_layers=64,
+        num_key_value_heads=4, head_dim=256, dtype="bfloat16", full_attention_layers=16)
+    report.roofline = compute_roofline(report, recipe)
+    assert report.roofline.memory == "card" and report.roofline.memory_domains == 1
+    assert report.roofline.kv_bytes_per_token.value == 2 * 4 * 256 * 1 * 16
+    assert "kv_cache_dtype fp8" in report.roofline.kv_bytes_per_token.source
+    assert "| memory bandwidth (per card) | 608.0 GB/s |" in render_report_markdown(report, recipe)
 
 
 def test_another_gpu_or_a_missing_input_is_not_measured_with_the_reason():

@@ -168,7 +168,7 @@ def efficiency_text(value: float | None) -> str:
 
 def roofline_input_rows(roofline: Roofline) -> list[list[str]]:
     """[input, value, source] per input of the roofline (per card on GPUs, for the host's memory on a CPU)."""
-    where = "per card" if roofline.memory_domains > 1 else "host memory"
+    where = "per card" if roofline.memory == "card" else "host memory"
     bandwidth = roofline.bandwidth_bytes_per_s.value
     kv = roofline.kv_bytes_per_token.value
     return [[f"memory bandwidth ({where})", "–" if bandwidth is None else f"{bandwidth / 1e9:.1f} GB/s",

@@ -318,6 +318,7 @@ class Roofline(Model):
     length in tokens. The drafter's weights and activations are left out, which only raises the bound: it stays
     an upper bound. report/roofline.py computes it."""
 
+    memory: Literal["card", "host"] = Field(description="Whose memory is read: each GPU card's, or the host's")
     memory_domains: int = Field(description="Memories read in parallel: one per card (TP) on GPUs, one on a CPU")
     bandwidth_bytes_per_s: RooflineInput = Field(description="Per memory domain")
     weight_bytes: RooflineInput = Field(description="Weights read per step, per memory domain")

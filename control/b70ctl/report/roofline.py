@@ -177,6 +177,7 @@ def compute_roofline(report: Report, recipe: Recipe) -> Roofline:
     if not efficiencies:
         not_measured = next((w.not_measured for w in workloads if w.not_measured),
                             "no throughput workload was measured")
-    return Roofline(memory_domains=domains, bandwidth_bytes_per_s=bandwidth, weight_bytes=weights,
+    return Roofline(memory="host" if recipe.host.accelerator == "cpu" else "card", memory_domains=domains,
+                    bandwidth_bytes_per_s=bandwidth, weight_bytes=weights,
                     kv_bytes_per_token=kv, workloads=workloads,
                     efficiency=statistics.median(efficiencies) if efficiencies else None, not_measured=not_measured)
