@@ -27,6 +27,7 @@ from b70ctl.fleet.layout import (
     FLEET_JSON,
     HOST_FACTS_FILE,
     REPORT_FILE,
+    TUNE_FILE,
     UNREACHABLE_FILE,
     read_host_facts,
     read_marker,
@@ -278,6 +279,8 @@ def collect_directory(reports_dir: Path) -> Collected:
         facts, marker = directory / HOST_FACTS_FILE, directory / UNREACHABLE_FILE
         _read_host(host, directory / REPORT_FILE, facts if facts.is_file() else None,
                    marker if marker.is_file() else None, collected)
+        if (directory / TUNE_FILE).is_file():
+            attach_tune(collected, host, directory / TUNE_FILE)
     return collected
 
 
@@ -680,3 +683,25 @@ def aggregate(source: Path | str | Sequence[Path | str], *, generated_at: dateti
             collected = collect_files(paths)
             label = f"{len(paths)} report files"
         return build_fleet_report(collected, label, generated_at=generated_at)
+
+
+def attach_tune(collected: Collected, host: str, path: Path) -> None:
+    """The host's tune, tuned against default, on its entry (the last one collected)."""
+    from b70ctl.fleet.layout import read_tune
+    from b70ctl.fleet.model import HostTune
+
+    tune = read_tune(path)
+    if isinstance(tune, str):
+        collected.problems.append(InputProblem(kind="invalid", host=host, path=str(path), reason=tune,
+                                               action="excluded"))
+        return
+    final = tune.final
+    default = final.default.score_tok_s if final is not None and final.default is not None else None
+    winner = final.winner.score_tok_s if final is not None else None
+    served = winner if tune.outcome == "tuned" else default
+    collected.entries[-1].tune = HostTune(
+        outcome=tune.outcome, overrides=tune.tuned_overrides, tuned_score_tok_s=served,
+        default_score_tok_s=default,
+        gain=served / default - 1 if served is not None and default else None,
+        spent_requests=tune.spent_requests, budget_requests=tune.budget_requests, finished_at=tune.finished_at,
+        summary=tune.summary)

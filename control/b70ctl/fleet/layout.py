@@ -98,3 +98,16 @@ def read_host_facts(path: Path) -> BaseModel | str:
         return HostFacts.model_validate(_read_json_object(path))
     except (OSError, UnicodeDecodeError, ValueError, ValidationError) as error:
         return f"{path}: host facts not used ({_short_error(error)})"
+
+
+TUNE_FILE = "tune/tune.json"  # `b70ctl tune` of the host (playbooks/tune.yml), beside its report
+
+
+def read_tune(path: Path):
+    """The host's tune report, or one line saying why it cannot be read."""
+    from b70ctl.tune.model import TuneReport
+
+    try:
+        return TuneReport.model_validate(_read_json_object(path))
+    except (OSError, UnicodeDecodeError, ValueError, ValidationError) as error:
+        return f"{path}: tune report not used ({_short_error(error)})"

@@ -103,6 +103,21 @@ class HostClaimVerdict(Model):
     reason: str | None = None
 
 
+class HostTune(Model):
+    """The host's tune (reports/<host>/tune/tune.json, written by playbooks/tune.yml): its winner against the
+    recipe's default, both measured back to back at the end of the tune (scores: median - 1.4826 x MAD, tok/s)."""
+
+    outcome: Literal["tuned", "default_best", "no_candidate"]
+    overrides: dict[str, int | str | None] = Field(description="What b70_tuned.yml applies; empty: the default")
+    tuned_score_tok_s: float | None = Field(None, description="The score of what the host serves after the tune")
+    default_score_tok_s: float | None = None
+    gain: float | None = Field(None, description="tuned / default - 1")
+    spent_requests: int
+    budget_requests: int
+    finished_at: datetime
+    summary: str
+
+
 class HostEntry(Model):
     host: str = Field(description="The host's directory name under REPORTS_DIR (the inventory name)")
     status: HostStatus
@@ -123,6 +138,7 @@ class HostEntry(Model):
     diagnosed: list[str] = Field(default_factory=list, description="Known failures its report names (diagnose ids)")
     drift_fields: list[str] = Field(default_factory=list, description="Fields differing from the recipe majority")
     outlier_workloads: list[str] = Field(default_factory=list)
+    tune: HostTune | None = Field(None, description="Tuned against default, when the host has a tune report")
     roofline_efficiency: float | None = Field(
         None, description="Median decode rate over the memory-bandwidth bound, median over workloads (report "
                           "roofline.efficiency)")

@@ -423,7 +423,7 @@ def render_markdown(report: FleetReport, budget: int = MARKDOWN_BUDGET) -> str:
     blocks, recipes_left_out = _recipe_blocks(report, environment)
     template = environment.get_template("fleet.md.j2")
     context = {"report": report, "recipe_blocks": blocks, "recipes_left_out": recipes_left_out,
-               "rows_shown": ROWS_SHOWN}
+               "rows_shown": ROWS_SHOWN, "tuned_hosts": tuned_hosts(report)}
     counts_only = replace(_attention_section(report, FOOTER_RESERVE), markdown="")
     summary = template.render(**context, attention=counts_only)
     if len(summary) > budget - 2 * FOOTER_RESERVE:
@@ -448,6 +448,7 @@ def render_html(report: FleetReport, out_dir: Path | None = None) -> str:
     """fleet.html; host links are relative to out_dir (where fleet.html goes), or the collected layout's."""
     context = _context(report, out_dir)
     context["plots"] = {fleet.recipe: _plots_of(fleet, report.hosts) for fleet in report.recipes}
+    context["tuned_hosts"] = tuned_hosts(report)
     return _environment("html").get_template("fleet.html.j2").render(**context)
 
 
@@ -512,3 +513,9 @@ def write_fleet_report(report: FleetReport, out_dir: Path) -> FleetFiles:
         for name, text in texts.items():
             write_text_atomically(paths[name], text)
     return FleetFiles(paths, written=True)
+
+
+def tuned_hosts(report: FleetReport) -> list[HostEntry]:
+    """Hosts with a tune report, the largest gain over the recipe's default first (no figure last)."""
+    tuned = [entry for entry in report.hosts if entry.tune is not None]
+    return sorted(tuned, key=lambda entry: (entry.tune.gain is None, -(entry.tune.gain or 0.0), entry.host))
