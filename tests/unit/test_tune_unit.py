@@ -228,6 +228,8 @@ def test_a_drop_in_passes_systemd_analyze_verify_beside_the_unit(host_factory, t
         with servers.candidate(Candidate(overrides={"num_speculative_tokens": 3})) as endpoint:
             assert endpoint.model == hostile.serve.served_model_name
             drop_in = emulated.path(f"/run/systemd/system/{UNIT}.service.d/b70-tune.conf").read_text()
+            # the unit's User= (not root) runs the docker CLI that reads it, as it reads the role's env file
+            assert emulated.path(f"{CONFIG_DIR}/{UNIT}.tune.env").stat().st_mode & 0o777 == 0o644
         servers.recipe = RECIPE  # the unit as the role installed it serves the recipe's own name
     exec_lines = [line for line in drop_in.splitlines() if line.startswith("ExecStart")]
     assert exec_lines[0] == "ExecStart=" and len(exec_lines) == 2

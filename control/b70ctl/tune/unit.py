@@ -360,7 +360,8 @@ class SystemdUnitServing:
     def _serve(self, label: str, command: ServeCommand) -> Iterator[Endpoint]:
         assert self.container is not None
         exec_argv = candidate_exec(self.container, command, self.env_file)
-        self._write(self.env_file, env_file_text(command.env), "0640")
+        # 0644 like the role's: the docker CLI reads it as the unit's User= (the API key has a file of its own).
+        self._write(self.env_file, env_file_text(command.env), "0644")
         self.shell.run(["mkdir", "-p", self.drop_in_dir])
         self._write(self.drop_in, drop_in_text(label, exec_argv), "0644")
         self._systemctl("daemon-reload")
