@@ -68,6 +68,7 @@ class EmulatedHost:
                  on_restart=None):
         self.root, self.port, self.rates, self.no_start = root, port, rates, no_start
         self.on_restart = on_restart
+        self.refused: frozenset[int] = frozenset()  # k whose start systemctl reports as failed
         self.calls: list[list[str]] = []
         self.active: set[str] = {UNIT, BASELINE_UNIT}
         self.served: list[list[str]] = []  # the ExecStart argv of every start of UNIT
@@ -124,6 +125,8 @@ class EmulatedHost:
         if self.on_restart is not None:
             self.on_restart(self)
         k = speculative_k(argv)
+        if k in self.refused:
+            raise HostCommandFailed(["systemctl", "restart", unit], f"Job for {unit}.service failed")
         if k in self.no_start:
             return  # the container exits at once: nothing answers on the port
         env_file = argv[argv.index("--env-file") + 1]
@@ -325,3 +328,17 @@ def test_the_playbooks_host_document_is_what_b70ctl_tune_reads():
     assert (host.address, host.ssh_port, host.ssh_user, host.connection) == ("10.0.0.5", 22, "ops", "ssh")
     assert host.baseline_unit == BASELINE_UNIT and host.api_key is None and host.health_timeout_s == 900
     assert shlex.split(host.ssh_common_args) == ["-o", "A=b"]
+
+
+def test_a_candidate_systemd_refuses_to_start_is_disqualified_not_a_crash(host_factory):
+    from b70ctl.tune.model import Candidate
+    from b70ctl.tune.serving import CandidateFailed
+
+    emulated, appliance = host_factory()
+    emulated.refused = frozenset({6})
+    with SystemdUnitServing(RECIPE, appliance, emulated, poll_s=0.05) as servers:
+        with pytest.raises(CandidateFailed, match=r"systemctl restart failed: Job for b70-vllm.service failed; "
+                                                  r"last log line: RuntimeError"):
+            with servers.candidate(Candidate(overrides={"num_speculative_tokens": 6})):
+                pass
+    assert_restored(emulated)

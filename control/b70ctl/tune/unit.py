@@ -44,7 +44,9 @@ DROP_IN_NAME = "b70-tune.conf"
 CONTAINER_DOCUMENT_SUFFIX = ".container.json"
 
 
-class HostCommandFailed(Exception):
+class HostCommandFailed(BadInput):
+    """A command on the host exited non-zero: exit 2 with its last line, unless the tune can go on without it."""
+
     def __init__(self, argv: list[str], detail: str):
         super().__init__(f"{shlex.join(argv)}: {detail}")
         self.argv, self.detail = argv, detail
@@ -367,7 +369,10 @@ class SystemdUnitServing:
         self._systemctl("daemon-reload")
         self.started += 1
         self.progress(f"serving {label} through {self.host.unit} on {self.host.name}")
-        self._systemctl("restart", f"{self.host.unit}.service")
+        try:
+            self._systemctl("restart", f"{self.host.unit}.service")
+        except HostCommandFailed as failed:
+            raise CandidateFailed(f"systemctl restart failed: {failed.detail}; {self._last_log_line()}") from None
         try:
             health_gate(self.base_url, self.recipe.serve.served_model_name, self.host.api_key,
                         self.host.health_timeout_s, self.poll_s)
