@@ -104,9 +104,9 @@ def _install(source: Path, host_dir: Path, files: list[dict]) -> dict:
             return model_dir.transfer_chunks(str(host_dir), entry, 4096, chunk_sha256, staged, finish)
 
         model_dir.send_file(str(source / path), entry, 4096, 4 * 4096, host, stage)
-    if not planned["in_place"]:
-        recorded = model_dir.record(str(host_dir), wanted, planned["verified"])
-        assert recorded["bad"] == []
+    if not planned["in_place"]:  # what the send placed was checked against its sha256 on the host
+        recorded = model_dir.record(str(host_dir), wanted, planned["verified"] + planned["send"])
+        assert recorded["bad"] == [] and recorded["hashed_bytes"] == 0
     return planned
 
 

@@ -241,7 +241,8 @@ def test_the_action_plugin_resumes_a_corrupt_partial_through_ansible(shard, tmp_
                           str(playbook)], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     sent = json.loads(result_file.read_text())
-    assert sent["changed"] is True
+    assert (sent["changed"], sent["placed"], sent["directory"], sent["path"]) == (True, True, str(host_dir),
+                                                                                   source.name)
     assert sent["kept_bytes"] == 8 * CHUNK  # chunks 0-8 but 6, which was wrong; 9 was cut
     assert sent["chunks_sent"] == 21 - 8
     assert (host_dir / source.name).read_bytes() == data

@@ -84,6 +84,8 @@ class ActionModule(ActionBase):
 
         try:
             result.update(chunks.send_file(source, entry, chunk_bytes, batch_bytes, host, stage))
+            # Placed: renamed into place by the host after its sha256 matched; the record step need not read it.
+            result.update(placed=True, directory=directory, path=entry["path"])
         except (OSError, ValueError) as error:
             raise AnsibleActionFail(f"{directory}/{entry['path']}: {error}")
         finally:

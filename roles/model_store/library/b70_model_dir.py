@@ -13,8 +13,8 @@ controller). The controller sends the sha256 of each chunk of its copy; the host
 already holds (cutting off bytes past the file's size) and answers which are missing or wrong; chunks the
 controller staged on the host are written at their offsets only when their sha256 matches; once every chunk is
 there, the whole partial is hashed and renamed into place only when it matches the lock's sha256.
-state=verified: after the transfer, every file not verified by the plan is hashed; all match, then the manifest
-is written atomically, last.
+state=verified: after the transfer, every file not verified by the plan (or placed by state=partial in this run,
+which checked its sha256) is hashed; all match, then the manifest is written atomically, last.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ options:
     elements: dict
   state: {description: planned, partial or verified, type: str, default: planned,
           choices: [planned, partial, verified]}
-  verified: {description: Paths the plan already hashed and found good (state=verified), type: list, elements: str,
-             default: []}
+  verified: {description: "Paths the plan hashed and found good, or state=partial placed (state=verified)",
+             type: list, elements: str, default: []}
   file: {description: "state=partial: the file being sent, as path, size_bytes, sha256", type: dict}
   chunk_bytes: {description: "state=partial: the chunk size the controller hashed with", type: int}
   chunk_sha256: {description: "state=partial: the sha256 of each chunk of the controller's copy", type: list,
