@@ -318,11 +318,14 @@ def test_the_playbooks_host_document_is_what_b70ctl_tune_reads():
     task = yaml.safe_load((REPO / "roles/vllm_serve/tasks/tune.yml").read_text())[0]
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
     environment.filters.update(to_json=json.dumps, bool=bool)
-    variables = {"inventory_hostname": "b70-1", "ansible_host": "10.0.0.5", "ansible_user": "ops",
-                 "ansible_ssh_private_key_file": "/keys/id", "ansible_ssh_common_args": "-o A=b",
+    # delegated to localhost, the task's own ansible_connection is the controller's: the host's are in hostvars
+    target = {"ansible_host": "10.0.0.5", "ansible_user": "ops", "ansible_ssh_private_key_file": "/keys/id",
+              "ansible_ssh_common_args": "-o A=b"}
+    variables = {"inventory_hostname": "b70-1", "ansible_connection": "local", "vllm_serve_tune_target": target,
                  "vllm_serve_unit": UNIT, "vllm_serve_port": 8000, "vllm_serve_config_dir": CONFIG_DIR,
                  "b70_etc_dir": "/etc/b70", "vllm_serve_baseline": True, "vllm_serve_baseline_unit": BASELINE_UNIT,
                  "vllm_serve_api_key": "", "vllm_serve_health_timeout": 900}
+    assert task["vars"]["vllm_serve_tune_target"] == "{{ hostvars[inventory_hostname] }}"
     rendered = environment.from_string(task["ansible.builtin.command"]["stdin"]).render(**variables)
     host = ApplianceHost.model_validate_json(rendered)
     assert (host.address, host.ssh_port, host.ssh_user, host.connection) == ("10.0.0.5", 22, "ops", "ssh")
