@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Wall seconds of no-op re-runs: the host stages (playbooks/host.yml) on 1, 4 and 16 hosts in parallel, and the
-whole site.yml (CPU vLLM image, tiny models, serving, verify) on one host.
+whole site.yml (CPU vLLM image, tiny models, serving, verify) on one host. Each configuration twice over: as users
+run it (a converged host skips each stage on its recorded generation), and with every stage run in full
+(-e generation_enabled=false, which is what a re-run cost before generations and what a run costs when
+something changed).
 
 Brings up systemd test hosts (scripts/testhosts; prefix b70-bench), gives them their emulated hardware and the
 local apt repository exactly as the appliance tests do, provisions them once, then times the re-runs, which must
@@ -30,11 +33,11 @@ SUBNET = "172.30.78.0/24"
 SCENARIOS = ("b70x2-switch", "b70x2-root-ports")
 
 
-def timed_noop_run(inventory: Path, forks: int, playbook: str) -> tuple[float, float]:
+def timed_noop_run(inventory: Path, forks: int, playbook: str, *extra: str) -> tuple[float, float]:
     """(wall seconds, 1-minute load average when it started) of a run that must change nothing."""
     load_1min = os.getloadavg()[0]
     started = time.monotonic()
-    run = run_playbook(inventory, "--forks", str(forks), playbook=playbook)
+    run = run_playbook(inventory, "--forks", str(forks), *extra, playbook=playbook)
     wall_s = time.monotonic() - started
     changed = {host: counts["changed"] for host, counts in run.recap.items()}
     if run.returncode != 0 or any(changed.values()):
@@ -52,7 +55,8 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="keep hosts already running under the prefix")
     args = parser.parse_args()
     sizes = sorted({int(size) for size in args.sizes.split(",")})
-    rows: list[tuple[str, int, list[tuple[float, float]]]] = []
+    rows: list[tuple[str, int, list[tuple[float, float]], list[tuple[float, float]]]] = []
+    full = ("-e", "generation_enabled=false")
     with tempfile.TemporaryDirectory(prefix="b70-bench-") as work:
         work_dir = Path(work)
         try:
@@ -69,20 +73,24 @@ def main() -> None:
                 first = run_playbook(one, playbook="site.yml")
                 if first.returncode != 0:
                     raise SystemExit(f"site.yml failed:\n{first.output[-3000:]}")
-                rows.append(("site.yml", 1, [timed_noop_run(one, 1, "site.yml") for _ in range(args.repeats)]))
+                rows.append(("site.yml", 1, [timed_noop_run(one, 1, "site.yml") for _ in range(args.repeats)],
+                             [timed_noop_run(one, 1, "site.yml", *full)]))
             for size in sizes:
                 inventory = write_inventory(work_dir / f"hosts-{size}.yml", hosts[:size], ssh_key)
                 runs = [timed_noop_run(inventory, size, "playbooks/host.yml") for _ in range(args.repeats)]
-                rows.append(("playbooks/host.yml", size, runs))
+                rows.append(("playbooks/host.yml", size, runs,
+                             [timed_noop_run(inventory, size, "playbooks/host.yml", *full)]))
         finally:
             if not args.keep:
                 testhosts("down", "--prefix", PREFIX)
-    print(f"no-op re-run (changed=0), wall seconds, median of {args.repeats}; load average (1 min) at each start")
-    print(f"{'playbook':<20} {'hosts':>5} {'forks':>5} {'wall_s':>7}   runs (wall_s @ load)")
-    for playbook, size, runs in rows:
+    print(f"no-op re-run (changed=0), wall seconds: median of {args.repeats} as users run it (generations), one "
+          "with every stage in full; load average (1 min) at each start")
+    print(f"{'playbook':<20} {'hosts':>5} {'forks':>5} {'wall_s':>7}   runs (wall_s @ load)   in full (wall_s @ load)")
+    for playbook, size, runs, in_full in rows:
         median = statistics.median(wall for wall, _ in runs)
         detail = " ".join(f"{wall:.1f}@{load:.1f}" for wall, load in runs)
-        print(f"{playbook:<20} {size:>5} {size:>5} {median:>7.1f}   {detail}")
+        full_detail = " ".join(f"{wall:.1f}@{load:.1f}" for wall, load in in_full)
+        print(f"{playbook:<20} {size:>5} {size:>5} {median:>7.1f}   {detail}   {full_detail}")
 
 
 if __name__ == "__main__":

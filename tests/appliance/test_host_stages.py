@@ -101,7 +101,40 @@ def test_second_run_changes_nothing_keeps_serving_and_measures_nothing_new(provi
     assert second.returncode == 0, second.output[-4000:]
     assert_recap(second, names, changed=0, failed=0, unreachable=0)
     assert second.output.count("already measured this serving configuration") == len(names)
+    # Every stage skipped on its recorded generation: one round trip each, no role task ran.
+    for stage in ("host", "image", "models", "serve"):
+        assert second.output.count(f": {stage}: converged to generation ") == len(names), second.output[-4000:]
+    assert "TASK [intel_gpu" not in second.output and "TASK [vllm_serve" not in second.output
     assert {name: serving_pid(name) for name in names} == pids  # not restarted
+
+
+def test_every_stage_in_full_is_idempotent(provisioned) -> None:
+    """The roles themselves change nothing on a converged host (what a run does once anything changed)."""
+    appliance, names, _ = provisioned
+    pids = {name: serving_pid(name) for name in names}
+    full = run_playbook(appliance.work_dir / "provision.yml", "-e", "generation_enabled=false")
+    assert full.returncode == 0, full.output[-4000:]
+    assert_recap(full, names, changed=0, failed=0, unreachable=0)
+    assert "TASK [intel_gpu" in full.output and "TASK [vllm_serve" in full.output
+    assert full.output.count("runs in full (generation_enabled is false)") == 4 * len(names)
+    assert full.output.count("already measured this serving configuration") == len(names)
+    assert {name: serving_pid(name) for name in names} == pids
+
+
+def test_a_drifted_host_runs_the_stage_in_full_and_is_put_back(provisioned) -> None:
+    appliance, names, _ = provisioned
+    drifted = appliance.host(1)
+    remote = on(drifted.name)
+    topology = remote.file("/etc/b70/topology.json").content_string
+    remote.run("sh -c 'echo >> /etc/b70/topology.json'")  # a file nothing restarts for: serving goes on
+    run = run_playbook(appliance.work_dir / "provision.yml", "--limit", drifted.name, playbook="playbooks/host.yml")
+    assert run.returncode == 0, run.output[-4000:]
+    assert f"{drifted.name}: host: runs in full: path /etc/b70/topology.json: changed" in run.output
+    assert_recap(run, [drifted.name], changed=1, failed=0)
+    assert remote.file("/etc/b70/topology.json").content_string == topology
+    again = run_playbook(appliance.work_dir / "provision.yml", "--limit", drifted.name, playbook="playbooks/host.yml")
+    assert f"{drifted.name}: host: converged to generation " in again.output
+    assert_recap(again, [drifted.name], changed=0, failed=0)
 
 
 def test_check_mode_with_diff_reports_no_change(provisioned) -> None:

@@ -244,8 +244,9 @@ def test_hub_recipe_models_fetched_once_on_the_controller_verified_and_converted
         assert models["drafter"]["revision"] == lock.drafter.revision
         weight = f"{store}/target/model.safetensors"
         weight_inode = remote.check_output(f"stat -c %i {weight}")
-        # A no-op re-run compares manifests and file sizes: no weight is hashed (hashed_bytes 0), none is sent.
-        again = run_playbook(inventory, "-v", playbook="playbooks/models.yml")
+        # A no-op re-run compares manifests and file sizes: no weight is hashed (hashed_bytes 0), none is sent. (The
+        # role's own no-op path: with its generation on, the converged stage would not run at all.)
+        again = run_playbook(inventory, "-v", "-e", "generation_enabled=false", playbook="playbooks/models.yml")
         assert_recap(again, [host.name], changed=0, failed=0)
         assert [plan["hashed_bytes"] for plan in model_dir_plans(again)] == [0, 0], again.output[-4000:]
         assert all(plan["in_place"] for plan in model_dir_plans(again))
