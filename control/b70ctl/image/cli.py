@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -128,18 +130,21 @@ def _docker_client() -> Any:
     return client
 
 
-def _built_image(recipe_model: Any, lock_model: Any, base: str | None, no_cache: bool, client: Any) -> tuple[Any, str]:
-    """Plan (every refusal first), then build with the engine's layer cache; returns (plan, image id)."""
+def _built_image(recipe_model: Any, lock_model: Any, base: str | None, no_cache: bool,
+                 engine: Callable[[], Any]) -> tuple[Any, str]:
+    """Plan (every refusal first), then build with the engine's layer cache; returns (plan, image id). The engine is
+    reached only once the plan stands: an unresolved lock is named whether or not a docker engine runs."""
 
     def local_image_id(reference: str) -> str:
         from docker.errors import ImageNotFound
 
         try:
-            return str(client.images.get(reference).id)
+            return str(engine().images.get(reference).id)
         except ImageNotFound as error:
             raise BadInput(f"local base image {reference} does not exist: build it first") from error
 
     plan = plan_build(recipe_model, lock_model, _checkout(), base_override=base, local_image_id=local_image_id)
+    client = engine()
     with Console(stderr=True).status(f"building {plan.image_tag}") as status:
         def progress(line: str) -> None:
             status.update(f"building {plan.image_tag}: {line[:100]}")
@@ -176,7 +181,7 @@ def build(
         else:
             Console().print_json(json.dumps(data))
         return
-    plan, image_id = _built_image(recipe_model, lock_model, base, no_cache, _docker_client())
+    plan, image_id = _built_image(recipe_model, lock_model, base, no_cache, functools.cache(_docker_client))
     result = {"image": plan.image_tag, "id": image_id, "labels": plan.expected_labels()}
     if as_json:
         _print_json(result)
@@ -204,8 +209,9 @@ def provide(
                     "digest": lock_model.image.digest, "tag": recipe_model.image.tag,
                     "vllm_version": recipe_model.vllm_version}
     else:
-        client = _docker_client()
-        plan, image_id = _built_image(recipe_model, lock_model, base, False, client)
+        engine = functools.cache(_docker_client)
+        plan, image_id = _built_image(recipe_model, lock_model, base, False, engine)
+        client = engine()
         archive = save_archive(client, image_id, archive_dir or default_archive_dir(),
                                lambda line: err.print(line, highlight=False))
         provided = {"recipe": recipe_model.name, "source": "build", "reference": plan.image_tag, "id": image_id,
