@@ -106,6 +106,31 @@ def test_ngram_candidates_draft_without_the_model_through_the_one_render():
                                        "model": "/m/draft-perturbed"}
 
 
+def test_every_ngram_candidate_is_a_speculative_config_vllm_itself_accepts():
+    """The field names and limits came from vLLM's config/speculative.py: its own SpeculativeConfig (the object
+    `vllm serve --speculative-config` builds) takes each ngram candidate's rendered JSON as it is, and refuses the
+    window the grid leaves out."""
+    from vllm.config import SpeculativeConfig
+
+    from b70ctl.serve.render import ServeContext, render_serve
+    from b70ctl.tune.run import candidates_of
+
+    recipe = load_recipe("cpu-tiny")
+    candidates, _ = candidates_of(recipe, None)
+    context = ServeContext(model_dir="/m/target", drafter_dir="/m/draft-perturbed", port=8000)
+    ngrams = [c for c in candidates if c.overrides["method"] == "ngram"]
+    assert len(ngrams) == 4
+    for candidate in ngrams:
+        argv = render_serve(recipe.with_overrides(candidate.overrides), context).argv
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        accepted = SpeculativeConfig(**spec)
+        assert (accepted.method, accepted.num_speculative_tokens, accepted.prompt_lookup_min,
+                accepted.prompt_lookup_max) == (spec["method"], spec["num_speculative_tokens"],
+                                                spec["prompt_lookup_min"], spec["prompt_lookup_max"])
+    with pytest.raises(ValueError, match="prompt_lookup_min=4 must be <= prompt_lookup_max=2"):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=4, prompt_lookup_max=2)
+
+
 def test_an_ngram_window_wider_at_the_bottom_than_the_top_is_left_out(tmp_path):
     def windows(data):
         data["tune"]["ngram"] = {"num_speculative_tokens": [3], "prompt_lookup_min": [1, 3],
