@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput
@@ -26,18 +27,53 @@ from b70ctl.report.verdict import describe_bound
 if TYPE_CHECKING:
     from b70ctl.checks.client import Endpoint
 
-app = typer.Typer(no_args_is_help=True, help=__doc__,
+# The sub-commands that live in their own package, imported only when named: `b70ctl fleet report`, the one b70ctl
+# call of a converged site.yml, then starts without the tuner, docker, httpx and the lock resolver. Each is a Typer
+# app (a command group) or a function (one command). Listed in the order `b70ctl --help` shows them.
+SUBCOMMANDS = {
+    "diagnose": ("b70ctl.diagnose.cli", "diagnose_command"),
+    "tune": ("b70ctl.tune.cli", "tune_command"),
+    "lock": ("b70ctl.lock.cli", "app"),
+    "model": ("b70ctl.models.cli", "app"),
+    "host": ("b70ctl.host.cli", "app"),
+    "fleet": ("b70ctl.fleet.cli", "app"),
+    "image": ("b70ctl.image.cli", "app"),
+    "serve": ("b70ctl.serve.cli", "app"),
+}
+
+
+class LazyGroup(TyperGroup):
+    """b70ctl's top-level group: the commands defined here, then SUBCOMMANDS, each loaded on first use (help and
+    shell completion load them all)."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return [*super().list_commands(ctx), *(name for name in SUBCOMMANDS if name not in self.commands)]
+
+    def get_command(self, ctx, cmd_name: str):
+        if cmd_name not in self.commands and cmd_name in SUBCOMMANDS:
+            module, attribute = SUBCOMMANDS[cmd_name]
+            loaded = getattr(__import__(module, fromlist=[attribute]), attribute)
+            if isinstance(loaded, typer.Typer):
+                command = typer.main.get_group(loaded)
+                command.name = cmd_name
+            else:
+                single = typer.Typer(add_completion=False)
+                single.command(cmd_name)(loaded)
+                command = typer.main.get_command(single)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in SUBCOMMANDS:
+            for name in SUBCOMMANDS:  # not a command: load them all, so "Did you mean ...?" can name any
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
+
+
+app = typer.Typer(cls=LazyGroup, no_args_is_help=True, help=__doc__,
                   context_settings={"help_option_names": ["-h", "--help"]})
 recipes_app = typer.Typer(no_args_is_help=True, help="The recipes b70ctl ships.")
 app.add_typer(recipes_app, name="recipes")
-app.add_typer(__import__("b70ctl.lock.cli", fromlist=["app"]).app, name="lock")
-app.add_typer(__import__("b70ctl.models.cli", fromlist=["app"]).app, name="model")
-app.add_typer(__import__("b70ctl.host.cli", fromlist=["app"]).app, name="host")
-app.add_typer(__import__("b70ctl.fleet.cli", fromlist=["app"]).app, name="fleet")
-app.add_typer(__import__("b70ctl.image.cli", fromlist=["app"]).app, name="image")
-app.add_typer(__import__("b70ctl.serve.cli", fromlist=["app"]).app, name="serve")
-app.command("diagnose")(__import__("b70ctl.diagnose.cli", fromlist=["diagnose_command"]).diagnose_command)
-app.command("tune")(__import__("b70ctl.tune.cli", fromlist=["tune_command"]).tune_command)
 
 console = Console(stderr=True)
 

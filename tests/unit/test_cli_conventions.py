@@ -36,11 +36,12 @@ def commands() -> dict[str, object]:
     found: dict[str, object] = {}
 
     def walk(command: object, words: list[str]) -> None:
-        subcommands = getattr(command, "commands", None)
-        if not subcommands:
+        if not hasattr(command, "list_commands"):  # a leaf; groups are asked as click asks them (some load lazily)
             found[" ".join(words)] = command
-        for name, sub in (subcommands or {}).items():
-            walk(sub, [*words, name])
+            return
+        context = typer.Context(command)
+        for name in command.list_commands(context):
+            walk(command.get_command(context, name), [*words, name])
     walk(typer.main.get_command(app), [])
     return found
 
