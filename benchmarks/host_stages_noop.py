@@ -9,14 +9,18 @@ Brings up systemd test hosts (scripts/testhosts; prefix b70-bench), gives them t
 local apt repository exactly as the appliance tests do, provisions them once, then times the re-runs, which must
 change nothing. The load average (1 min) is printed beside each run: the machine's other work moves the figures.
 Prints one table; tears the hosts down unless --keep (--reuse keeps hosts already up from an earlier --keep).
+With --profile DIR every timed run also goes through benchmarks/callbacks/task_times.py: DIR gets one JSON per run
+(wall seconds per task) and the table is followed by where each configuration's fastest run spent its time.
 Needs root.
 
     .venv/bin/python benchmarks/host_stages_noop.py [--sizes 1,4,16] [--site] [--repeats 2] [--keep] [--reuse]
+        [--profile DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -31,10 +35,17 @@ from provision import run_playbook, start_hosts, testhosts, write_inventory  # n
 PREFIX = "b70-bench"
 SUBNET = "172.30.78.0/24"
 SCENARIOS = ("b70x2-switch", "b70x2-root-ports")
+CALLBACKS = Path(__file__).resolve().parent / "callbacks"
+PROFILE: dict[str, Path] = {}  # "dir": where --profile writes each run's task times
 
 
 def timed_noop_run(inventory: Path, forks: int, playbook: str, *extra: str) -> tuple[float, float]:
     """(wall seconds, 1-minute load average when it started) of a run that must change nothing."""
+    if "dir" in PROFILE:
+        name = f"{Path(playbook).stem}-{inventory.stem}-{'full' if extra else 'gen'}"
+        runs = len(list(PROFILE["dir"].glob(f"{name}-*.json")))
+        os.environ.update(ANSIBLE_CALLBACK_PLUGINS=str(CALLBACKS), ANSIBLE_CALLBACKS_ENABLED="task_times",
+                          B70_TASK_TIMES=str(PROFILE["dir"] / f"{name}-{runs + 1}.json"))
     load_1min = os.getloadavg()[0]
     started = time.monotonic()
     run = run_playbook(inventory, "--forks", str(forks), *extra, playbook=playbook)
@@ -46,6 +57,21 @@ def timed_noop_run(inventory: Path, forks: int, playbook: str, *extra: str) -> t
     return wall_s, load_1min
 
 
+def print_profiles(directory: Path, top: int = 8) -> None:
+    """For each configuration, its fastest run: the time outside tasks and the slowest tasks."""
+    fastest: dict[str, dict] = {}
+    for path in sorted(directory.glob("*.json")):
+        run = json.loads(path.read_text())
+        name = path.stem.rsplit("-", 1)[0]
+        if name not in fastest or run["wall_s"] < fastest[name]["wall_s"]:
+            fastest[name] = run
+    for name, run in fastest.items():
+        print(f"\n{name}: {run['wall_s']:.1f} s, {len(run['tasks'])} tasks; {run['outside_tasks_s']:.1f} s outside "
+              "tasks (start-up, inventory and playbook parsing, recap)")
+        for task in sorted(run["tasks"], key=lambda task: -task["wall_s"])[:top]:
+            print(f"  {task['wall_s']:6.2f} s  {task['hosts']:3d} host(s)  {task['play'][:40]} | {task['task'][:70]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,4,16", help="host counts for the host stages (comma-separated)")
@@ -53,7 +79,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed re-runs per configuration (median shown)")
     parser.add_argument("--keep", action="store_true", help="leave the hosts running afterwards")
     parser.add_argument("--reuse", action="store_true", help="keep hosts already running under the prefix")
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="write each timed run's task times to DIR")
     args = parser.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        PROFILE["dir"] = args.profile.resolve()
     sizes = sorted({int(size) for size in args.sizes.split(",")})
     rows: list[tuple[str, int, list[tuple[float, float]], list[tuple[float, float]]]] = []
     full = ("-e", "generation_enabled=false")
@@ -91,6 +121,8 @@ def main() -> None:
         detail = " ".join(f"{wall:.1f}@{load:.1f}" for wall, load in runs)
         full_detail = " ".join(f"{wall:.1f}@{load:.1f}" for wall, load in in_full)
         print(f"{playbook:<20} {size:>5} {size:>5} {median:>7.1f}   {detail}   {full_detail}")
+    if "dir" in PROFILE:
+        print_profiles(PROFILE["dir"])
 
 
 if __name__ == "__main__":
