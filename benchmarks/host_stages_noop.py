@@ -76,7 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,4,16", help="host counts for the host stages (comma-separated)")
     parser.add_argument("--site", action="store_true", help="also time the whole site.yml on one host")
-    parser.add_argument("--repeats", type=int, default=2, help="timed re-runs per configuration (median shown)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed re-runs per configuration (median shown), taken in rounds")
     parser.add_argument("--keep", action="store_true", help="leave the hosts running afterwards")
     parser.add_argument("--reuse", action="store_true", help="keep hosts already running under the prefix")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="write each timed run's task times to DIR")
@@ -98,18 +98,25 @@ def main() -> None:
             if first.returncode != 0:
                 raise SystemExit(f"provisioning failed:\n{first.output[-3000:]}")
             print(f"host stages, first run on {len(hosts)} host(s): {time.monotonic() - started:.1f} s", flush=True)
+            configurations: list[tuple[str, int, Path]] = []
             if args.site:
                 one = write_inventory(work_dir / "site-1.yml", hosts[:1], ssh_key)
                 first = run_playbook(one, playbook="site.yml")
                 if first.returncode != 0:
                     raise SystemExit(f"site.yml failed:\n{first.output[-3000:]}")
-                rows.append(("site.yml", 1, [timed_noop_run(one, 1, "site.yml") for _ in range(args.repeats)],
-                             [timed_noop_run(one, 1, "site.yml", *full)]))
+                configurations.append(("site.yml", 1, one))
             for size in sizes:
-                inventory = write_inventory(work_dir / f"hosts-{size}.yml", hosts[:size], ssh_key)
-                runs = [timed_noop_run(inventory, size, "playbooks/host.yml") for _ in range(args.repeats)]
-                rows.append(("playbooks/host.yml", size, runs,
-                             [timed_noop_run(inventory, size, "playbooks/host.yml", *full)]))
+                configurations.append(("playbooks/host.yml", size,
+                                       write_inventory(work_dir / f"hosts-{size}.yml", hosts[:size], ssh_key)))
+            # In rounds, every configuration once per round, so that one host and sixteen are compared under the
+            # same load; then each once in full.
+            runs: dict[tuple[str, int], list[tuple[float, float]]] = {}
+            for _ in range(args.repeats):
+                for playbook, size, inventory in configurations:
+                    runs.setdefault((playbook, size), []).append(timed_noop_run(inventory, size, playbook))
+            for playbook, size, inventory in configurations:
+                rows.append((playbook, size, runs[playbook, size],
+                             [timed_noop_run(inventory, size, playbook, *full)]))
         finally:
             if not args.keep:
                 testhosts("down", "--prefix", PREFIX)
@@ -121,6 +128,12 @@ def main() -> None:
         detail = " ".join(f"{wall:.1f}@{load:.1f}" for wall, load in runs)
         full_detail = " ".join(f"{wall:.1f}@{load:.1f}" for wall, load in in_full)
         print(f"{playbook:<20} {size:>5} {size:>5} {median:>7.1f}   {detail}   {full_detail}")
+    host_rows = [(size, runs) for playbook, size, runs, _ in rows if playbook == "playbooks/host.yml"]
+    if len(host_rows) > 1:
+        (small, small_runs), (large, large_runs) = host_rows[0], host_rows[-1]
+        print(f"\nper round, host stages on {large} hosts against {small}: "
+              + ", ".join(f"{big:.1f}/{little:.1f} = {big / little:.2f}x"
+                          for (big, _), (little, _) in zip(large_runs, small_runs)))
     if "dir" in PROFILE:
         print_profiles(PROFILE["dir"])
 
