@@ -290,3 +290,37 @@ def test_the_check_catches_an_uncovered_file() -> None:
     values = role_values()
     patterns = [render(pattern, values) for pattern in values["generation_serve"]["paths"]]
     assert not any(fnmatch.fnmatch("/etc/docker/daemon.json", pattern) for pattern in patterns)
+
+
+def host_program() -> str:
+    script = ("import importlib.util\n"
+              f"spec = importlib.util.spec_from_file_location('a', {str(ROLE / 'action_plugins' / 'b70_generation.py')!r})\n"
+              "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+              "print(m.HOST_PROGRAM, end='')\n")
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+
+
+def test_the_host_program_runs_the_module_on_a_bare_python(tmp_path: Path, managed: Path) -> None:
+    """What the action plugin sends: the module's own source on stdin of a python3 with no Ansible (-I: none of
+    this checkout's packages), the same results as the module, failures as results rather than tracebacks."""
+    program, source = host_program(), (ROLE / "library" / "b70_generation.py").read_text()
+
+    def on_host(check_mode: bool = False, **overrides) -> dict:
+        request = {"source": source, "params": params(tmp_path, **overrides), "check_mode": check_mode}
+        answer = subprocess.run(["/usr/bin/python3", "-I", "-c", program], input=json.dumps(request),
+                                capture_output=True, text=True, check=True)
+        return json.loads(answer.stdout)
+
+    assert on_host()["reasons"] == ["no generation recorded"]
+    assert on_host(check_mode=True, state="record")["entries"] == 3
+    assert not (tmp_path / "store" / "generation.json").exists()  # check mode writes nothing
+    assert on_host(state="record")["msg"].startswith("host: generation dddddddddddd recorded")
+    assert on_host()["converged"] is True
+    (managed / "daemon.json").write_text("{}")
+    assert on_host()["reasons"] == [f"path {managed / 'daemon.json'}: changed"]
+    assert on_host(digest="")["msg"] == (
+        "b70_generation: no inputs digest (run it through the role's action plugin)")
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    failed = on_host(state="record", store=str(blocked / "generation.json"))
+    assert failed["failed"] is True and failed["msg"].startswith(f"b70_generation: {blocked}")

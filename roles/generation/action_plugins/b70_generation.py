@@ -8,16 +8,25 @@ out makes the digest the same whichever stage's play computes it), as written (n
 run do not move it), plus the content of any variable that names a file on the controller (a recipe or lock given
 as a path).
 The role's own switches (generation_*) are left out: turning the fast path off must not change the digest.
+
+On the host, the module's own code (library/b70_generation.py) runs as a short program on python3's stdin: one
+round trip without the module wrapper and Ansible's module library to unpack and import, about a fifth of the CPU
+of a module run on the host and on the controller. This check is all a converged host costs a run, so on a fleet it
+is most of the run. Where pipelining is off (a become method that needs a terminal), it runs as an ordinary module.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+import shlex
 from pathlib import Path
 
 import yaml
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
 REPO = Path(__file__).resolve().parents[3]
@@ -25,6 +34,17 @@ TREES = ("roles", "playbooks", "images", "control/b70ctl")
 FILES = ("site.yml", "ansible.cfg")
 OWN_PREFIX = "generation_"
 FILE_LIMIT_BYTES = 16 << 20
+MODULE = Path(__file__).resolve().parents[1] / "library" / "b70_generation.py"
+# Reads {"source", "params", "check_mode"} on stdin, runs the module's execute() and prints its result.
+HOST_PROGRAM = (
+    "import json, sys\n"
+    "request = json.load(sys.stdin)\n"
+    "module = {'__name__': 'b70_generation'}\n"
+    "exec(compile(request['source'], 'b70_generation.py', 'exec'), module)\n"
+    "print(json.dumps(module['execute'](request['params'], request['check_mode'])))\n"
+)
+# libyaml's loader where PyYAML has it: every host's first check parses every role's specs and defaults.
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def tree_digest(repo: Path = REPO) -> str:
@@ -49,12 +69,12 @@ def declared_variables(repo: Path = REPO) -> tuple[set[str], tuple[str, ...], di
         if not specs_path.is_file():
             continue
         prefixes.append(role.name + "_")
-        specs = (yaml.safe_load(specs_path.read_text()) or {}).get("argument_specs") or {}
+        specs = (yaml.load(specs_path.read_text(), Loader=SAFE_LOADER) or {}).get("argument_specs") or {}
         for entry in specs.values():
             names.update((entry or {}).get("options") or {})
         for values in ("defaults", "vars"):
             if (role / values / "main.yml").is_file():
-                role_values.update(yaml.safe_load((role / values / "main.yml").read_text()) or {})
+                role_values.update(yaml.load((role / values / "main.yml").read_text(), Loader=SAFE_LOADER) or {})
     return names, tuple(prefix for prefix in prefixes if prefix != OWN_PREFIX), role_values
 
 
@@ -81,13 +101,49 @@ def inputs_digest(task_vars: dict, repo: Path = REPO) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def load_module():
+    """library/b70_generation.py as a Python module (its argument spec and code), without running its main()."""
+    spec = importlib.util.spec_from_file_location("b70_generation_module", MODULE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
         args = dict(self._task.args)
         if args.get("state", "check") != "absent" and not args.get("digest"):
-            args["digest"] = inputs_digest(task_vars or {})
-        result.update(self._execute_module(module_name="b70_generation", module_args=args, task_vars=task_vars))
+            args["digest"] = inputs_digest(task_vars)
+        if not self._is_pipelining_enabled("new"):
+            result.update(self._execute_module(module_name="b70_generation", module_args=args, task_vars=task_vars))
+            return result
+        module = load_module()
+        validated = ArgumentSpecValidator(module.ARGUMENT_SPEC).validate(args)
+        if validated.error_messages:
+            raise AnsibleActionFail("b70_generation: " + "; ".join(validated.error_messages))
+        request = json.dumps({"source": MODULE.read_text(), "params": validated.validated_parameters,
+                              "check_mode": bool(self._task.check_mode)})
+        python = self._host_python(task_vars)
+        answer = self._low_level_execute_command(f"{shlex.quote(python)} -c {shlex.quote(HOST_PROGRAM)}",
+                                                 in_data=request.encode())
+        try:
+            outcome = json.loads(answer["stdout"].strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise AnsibleActionFail(
+                f"b70_generation: {python} on the host gave no result (rc {answer['rc']}): "
+                f"{answer['stderr'].strip()[-500:] or answer['stdout'].strip()[-500:]}. Fix: install python3 on "
+                "the host, or point ansible_python_interpreter at it") from None
+        result.update(outcome)
         return result
+
+    def _host_python(self, task_vars: dict) -> str:
+        """The interpreter set for the host, one an earlier module found, else python3 on the PATH."""
+        configured = self._templar.template(task_vars.get("ansible_python_interpreter") or "")
+        if configured and not str(configured).startswith("auto"):
+            return str(configured)
+        discovered = (task_vars.get("ansible_facts") or {}).get("discovered_interpreter_python")
+        return str(discovered) if discovered else "python3"

@@ -195,30 +195,38 @@ def run(params: dict, check_mode: bool) -> dict:
                     f"{stage}: runs in full: " + "; ".join(shown))}
 
 
+ARGUMENT_SPEC = {
+    "stage": {"type": "str", "required": True},
+    "state": {"type": "str", "default": "check", "choices": ["check", "record", "absent"]},
+    "digest": {"type": "str", "default": ""},
+    "paths": {"type": "list", "elements": "str", "default": []},
+    "probes": {"type": "list", "elements": "list", "default": []},
+    "hardware_root": {"type": "str", "default": ""},
+    "forget": {"type": "bool", "default": False},
+    "store": {"type": "path", "default": "/var/lib/b70/generation.json"},
+}
+
+
+def execute(params: dict, check_mode: bool) -> dict:
+    """run() on validated parameters, as the module's result: main() and the action plugin's direct run share it."""
+    if params["state"] != "absent" and not params["digest"]:
+        return {"failed": True, "msg": "b70_generation: no inputs digest (run it through the role's action plugin)"}
+    params = {**params, "probes": [[str(arg) for arg in argv] for argv in params["probes"]]}
+    try:
+        return run(params, check_mode)
+    except OSError as error:
+        return {"failed": True, "msg": f"b70_generation: {error.filename or params['store']}: {error.strerror}"}
+
+
 def main() -> None:
     # Imported here: importing ansible patches process-wide state, which tests that load this module must not get.
     from ansible.module_utils.basic import AnsibleModule
 
-    module = AnsibleModule(
-        argument_spec={
-            "stage": {"type": "str", "required": True},
-            "state": {"type": "str", "default": "check", "choices": ["check", "record", "absent"]},
-            "digest": {"type": "str", "default": ""},
-            "paths": {"type": "list", "elements": "str", "default": []},
-            "probes": {"type": "list", "elements": "list", "default": []},
-            "hardware_root": {"type": "str", "default": ""},
-            "forget": {"type": "bool", "default": False},
-            "store": {"type": "path", "default": "/var/lib/b70/generation.json"},
-        },
-        supports_check_mode=True,
-    )
-    if module.params["state"] != "absent" and not module.params["digest"]:
-        module.fail_json(msg="b70_generation: no inputs digest (run it through the role's action plugin)")
-    module.params["probes"] = [[str(arg) for arg in argv] for argv in module.params["probes"]]
-    try:
-        module.exit_json(**run(module.params, module.check_mode))
-    except OSError as error:
-        module.fail_json(msg=f"b70_generation: {error.filename or module.params['store']}: {error.strerror}")
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    result = execute(module.params, module.check_mode)
+    if result.get("failed"):
+        module.fail_json(**result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":
