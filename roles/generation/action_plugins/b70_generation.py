@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 REPO = Path(__file__).resolve().parents[3]
@@ -116,11 +117,23 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         args = dict(self._task.args)
+        # The role's switch, for the message only: with the fast path off the stage runs whatever the check says.
+        enabled = boolean(args.get("enabled", True))
         if args.get("state", "check") != "absent" and not args.get("digest"):
             args["digest"] = inputs_digest(task_vars)
-        if not self._is_pipelining_enabled("new"):
+        if self._is_pipelining_enabled("new"):
+            result.update(self._run_on_host(args, task_vars))
+        else:
             result.update(self._execute_module(module_name="b70_generation", module_args=args, task_vars=task_vars))
-            return result
+        if args.get("state", "check") == "check" and not result.get("failed"):
+            # The check's verdict is shown for every host without -v (as a debug task would, at a task's cost).
+            if not enabled:
+                result["msg"] = f"{args['stage']}: runs in full (generation_enabled is false)"
+            result["msg"] = f"{task_vars.get('inventory_hostname')}: {result['msg']}"
+            result["_ansible_verbose_always"] = True
+        return result
+
+    def _run_on_host(self, args: dict, task_vars: dict) -> dict:
         module = load_module()
         validated = ArgumentSpecValidator(module.ARGUMENT_SPEC).validate(args)
         if validated.error_messages:
@@ -131,14 +144,12 @@ class ActionModule(ActionBase):
         answer = self._low_level_execute_command(f"{shlex.quote(python)} -c {shlex.quote(HOST_PROGRAM)}",
                                                  in_data=request.encode())
         try:
-            outcome = json.loads(answer["stdout"].strip().splitlines()[-1])
+            return json.loads(answer["stdout"].strip().splitlines()[-1])
         except (ValueError, IndexError):
             raise AnsibleActionFail(
                 f"b70_generation: {python} on the host gave no result (rc {answer['rc']}): "
                 f"{answer['stderr'].strip()[-500:] or answer['stdout'].strip()[-500:]}. Fix: install python3 on "
                 "the host, or point ansible_python_interpreter at it") from None
-        result.update(outcome)
-        return result
 
     def _host_python(self, task_vars: dict) -> str:
         """The interpreter set for the host, one an earlier module found, else python3 on the PATH."""

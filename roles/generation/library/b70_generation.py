@@ -41,6 +41,8 @@ options:
   forget: {description: "state=check: drop the stage's record unless it is converged (the stage runs now)",
            type: bool, default: false}
   store: {description: The generations file, type: path, default: /var/lib/b70/generation.json}
+  enabled: {description: "state=check: whether the play skips a converged stage (false: the verdict shown says the
+            stage runs in full)", type: bool, default: true}
 """
 
 # Files above this are recorded by size and mtime: a no-op run reads no model weights.
@@ -204,6 +206,7 @@ ARGUMENT_SPEC = {
     "hardware_root": {"type": "str", "default": ""},
     "forget": {"type": "bool", "default": False},
     "store": {"type": "path", "default": "/var/lib/b70/generation.json"},
+    "enabled": {"type": "bool", "default": True},
 }
 
 
