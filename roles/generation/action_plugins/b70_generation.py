@@ -12,11 +12,14 @@ The role's own switches (generation_*) are left out: turning the fast path off m
 On the host, the module's own code (library/b70_generation.py) runs as a short program on python3's stdin: one
 round trip without the module wrapper and Ansible's module library to unpack and import, about a fifth of the CPU
 of a module run on the host and on the controller. This check is all a converged host costs a run, so on a fleet it
-is most of the run. Where pipelining is off (a become method that needs a terminal), it runs as an ordinary module.
+is most of the run; for the same reason it also shows its verdict and carries the run's state from stage to stage
+(the digest, the stages at this run's generation) in its registered result, where tasks of their own would cost a
+round of work per host each. Where pipelining is off (a become method that needs a terminal), it runs as an ordinary module.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -91,23 +94,37 @@ def file_content_digest(value: object) -> str | None:
     return None
 
 
+@functools.cache
+def checkout(repo: Path = REPO) -> tuple[str, tuple[set[str], tuple[str, ...], dict[str, object]]]:
+    """(tree digest, declared variables) of a checkout, read once per process."""
+    return tree_digest(repo), declared_variables(repo)
+
+
 def inputs_digest(task_vars: dict, repo: Path = REPO) -> str:
-    names, prefixes, role_values = declared_variables(repo)
+    tree, (names, prefixes, role_values) = checkout(repo)
     chosen = {name: task_vars[name] for name in sorted(task_vars)
               if (name in names or name.startswith(prefixes)) and not name.startswith(OWN_PREFIX)
               and not (name in role_values and task_vars[name] == role_values[name])}
     files = {name: digest for name, value in chosen.items() if (digest := file_content_digest(value))}
-    document = {"tree": tree_digest(repo), "ansible": str((task_vars.get("ansible_version") or {}).get("full")),
+    document = {"tree": tree, "ansible": str((task_vars.get("ansible_version") or {}).get("full")),
                 "vars": chosen, "files": files}
     return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
 
+@functools.cache
 def load_module():
     """library/b70_generation.py as a Python module (its argument spec and code), without running its main()."""
     spec = importlib.util.spec_from_file_location("b70_generation_module", MODULE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    module.SOURCE = MODULE.read_text()
     return module
+
+
+# Ansible imports this plugin in its main process before it forks a worker per host for the task: reading the
+# checkout and the module here, once, spares every host's worker the same work.
+checkout()
+load_module()
 
 
 class ActionModule(ActionBase):
@@ -125,12 +142,21 @@ class ActionModule(ActionBase):
             result.update(self._run_on_host(args, task_vars))
         else:
             result.update(self._execute_module(module_name="b70_generation", module_args=args, task_vars=task_vars))
-        if args.get("state", "check") == "check" and not result.get("failed"):
+        state = args.get("state", "check")
+        if state != "absent" and not result.get("failed"):
+            # The run's bookkeeping, carried from stage to stage in the registered result (generation_run): the
+            # stages at this run's generation so far.
+            converged = state == "record" or result.get("converged") is True
+            result["current"] = [*(args.get("current") or []), *([args["stage"]] if converged else [])]
+        if state == "check" and not result.get("failed"):
             # The check's verdict is shown for every host without -v (as a debug task would, at a task's cost).
             if not enabled:
                 result["msg"] = f"{args['stage']}: runs in full (generation_enabled is false)"
             result["msg"] = f"{task_vars.get('inventory_hostname')}: {result['msg']}"
             result["_ansible_verbose_always"] = True
+            result.pop("recorded_at", None)  # the message says it
+            if not result.get("reasons"):
+                result.pop("reasons", None)
         return result
 
     def _run_on_host(self, args: dict, task_vars: dict) -> dict:
@@ -138,7 +164,7 @@ class ActionModule(ActionBase):
         validated = ArgumentSpecValidator(module.ARGUMENT_SPEC).validate(args)
         if validated.error_messages:
             raise AnsibleActionFail("b70_generation: " + "; ".join(validated.error_messages))
-        request = json.dumps({"source": MODULE.read_text(), "params": validated.validated_parameters,
+        request = json.dumps({"source": module.SOURCE, "params": validated.validated_parameters,
                               "check_mode": bool(self._task.check_mode)})
         python = self._host_python(task_vars)
         answer = self._low_level_execute_command(f"{shlex.quote(python)} -c {shlex.quote(HOST_PROGRAM)}",

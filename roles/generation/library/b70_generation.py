@@ -43,6 +43,8 @@ options:
   store: {description: The generations file, type: path, default: /var/lib/b70/generation.json}
   enabled: {description: "state=check: whether the play skips a converged stage (false: the verdict shown says the
             stage runs in full)", type: bool, default: true}
+  current: {description: "The stages already at this run's generation; the action plugin returns them with this
+            one added when it is converged or recorded", type: list, elements: str, default: []}
 """
 
 # Files above this are recorded by size and mtime: a no-op run reads no model weights.
@@ -207,6 +209,7 @@ ARGUMENT_SPEC = {
     "forget": {"type": "bool", "default": False},
     "store": {"type": "path", "default": "/var/lib/b70/generation.json"},
     "enabled": {"type": "bool", "default": True},
+    "current": {"type": "list", "elements": "str", "default": []},
 }
 
 
