@@ -123,7 +123,7 @@ def load_module():
 
 # Ansible imports this plugin in its main process before it forks a worker per host for the task: reading the
 # checkout and the module here, once, spares every host's worker the same work.
-checkout()
+checkout(REPO)  # the key inputs_digest() asks for
 load_module()
 
 
