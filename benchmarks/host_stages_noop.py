@@ -76,7 +76,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,4,16", help="host counts for the host stages (comma-separated)")
     parser.add_argument("--site", action="store_true", help="also time the whole site.yml on one host")
-    parser.add_argument("--repeats", type=int, default=2, help="timed re-runs per configuration (median shown), taken in rounds")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="timed re-runs per configuration, taken in rounds (median shown)")
     parser.add_argument("--keep", action="store_true", help="leave the hosts running afterwards")
     parser.add_argument("--reuse", action="store_true", help="keep hosts already running under the prefix")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="write each timed run's task times to DIR")

@@ -21,6 +21,7 @@ from sysfs_trees import build_tree
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "generation"
+PLUGIN = ROLE / "action_plugins" / "b70_generation.py"
 
 
 def load(name: str, path: Path) -> ModuleType:
@@ -185,14 +186,20 @@ def test_a_corrupt_store_is_no_record(tmp_path: Path, managed: Path) -> None:
 # The controller's half: the inputs digest. The action plugin imports ansible, which patches process-wide state
 # (sys.intern: it broke torch imports in this process once), so it runs in a child process.
 
-def digests_of(*task_vars: dict) -> list[str]:
+def action_plugin(expression: str, stdin: object = None) -> object:
+    """EXPRESSION over the action plugin (as `plugin`, with `request` the JSON given on stdin), in a child process."""
     script = ("import json, sys, importlib.util\n"
-              f"spec = importlib.util.spec_from_file_location('a', {str(ROLE / 'action_plugins' / 'b70_generation.py')!r})\n"
-              "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-              "print(json.dumps([m.inputs_digest(each) for each in json.load(sys.stdin)]))\n")
-    result = subprocess.run([sys.executable, "-c", script], input=json.dumps(task_vars), capture_output=True,
+              f"spec = importlib.util.spec_from_file_location('a', {str(PLUGIN)!r})\n"
+              "plugin = importlib.util.module_from_spec(spec); spec.loader.exec_module(plugin)\n"
+              "request = json.load(sys.stdin)\n"
+              f"print(json.dumps({expression}))\n")
+    result = subprocess.run([sys.executable, "-c", script], input=json.dumps(stdin), capture_output=True,
                             text=True, check=True)
     return json.loads(result.stdout)
+
+
+def digests_of(*task_vars: dict) -> list[str]:
+    return action_plugin("[plugin.inputs_digest(each) for each in request]", task_vars)
 
 
 def test_inputs_digest_follows_the_inventory_not_the_defaults_or_its_own_switch(tmp_path: Path) -> None:
@@ -292,18 +299,10 @@ def test_the_check_catches_an_uncovered_file() -> None:
     assert not any(fnmatch.fnmatch("/etc/docker/daemon.json", pattern) for pattern in patterns)
 
 
-def host_program() -> str:
-    script = ("import importlib.util\n"
-              f"spec = importlib.util.spec_from_file_location('a', {str(ROLE / 'action_plugins' / 'b70_generation.py')!r})\n"
-              "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-              "print(m.HOST_PROGRAM, end='')\n")
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-
-
 def test_the_host_program_runs_the_module_on_a_bare_python(tmp_path: Path, managed: Path) -> None:
     """What the action plugin sends: the module's own source on stdin of a python3 with no Ansible (-I: none of
     this checkout's packages), the same results as the module, failures as results rather than tracebacks."""
-    program, source = host_program(), (ROLE / "library" / "b70_generation.py").read_text()
+    program, source = action_plugin("plugin.HOST_PROGRAM"), (ROLE / "library" / "b70_generation.py").read_text()
 
     def on_host(check_mode: bool = False, **overrides) -> dict:
         request = {"source": source, "params": params(tmp_path, **overrides), "check_mode": check_mode}

@@ -65,6 +65,22 @@ def test_bootstrap_installs_with_the_constraints_and_both_extras():
     assert "--constraints requirements/constraints.txt" in script and '".[appliance,test]"' in script
 
 
+def test_the_bootstrapped_venv_carries_the_bytecode_python_reads():
+    """uv installs no .pyc files and this kind of machine sets PYTHONDONTWRITEBYTECODE, so without
+    scripts/bootstrap-venv's compile step every Ansible worker and b70ctl call compiles its imports again. The file
+    names are the ones Python's own import system looks for."""
+    import importlib.util
+
+    import ansible.plugins.strategy.linear
+    import b70ctl.cli
+    import typer
+
+    sources = [Path(module.__file__) for module in (ansible.plugins.strategy.linear, b70ctl.cli, typer)]
+    sources.append(REPO / "roles" / "generation" / "action_plugins" / "b70_generation.py")
+    missing = [str(source) for source in sources if not Path(importlib.util.cache_from_source(str(source))).is_file()]
+    assert not missing, f"no bytecode for {missing}: run scripts/bootstrap-venv"
+
+
 def test_verify_and_the_fleet_report_run_without_the_appliance_extra(tmp_path):
     assert without(APPLIANCE_MODULES, "verify", "--help").returncode == 0
     for host in ("b70-a", "b70-b"):

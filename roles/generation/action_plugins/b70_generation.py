@@ -14,7 +14,8 @@ round trip without the module wrapper and Ansible's module library to unpack and
 of a module run on the host and on the controller. This check is all a converged host costs a run, so on a fleet it
 is most of the run; for the same reason it also shows its verdict and carries the run's state from stage to stage
 (the digest, the stages at this run's generation) in its registered result, where tasks of their own would cost a
-round of work per host each. Where pipelining is off (a become method that needs a terminal), it runs as an ordinary module.
+round of work per host each. Where pipelining is off (a become method that needs a terminal), it runs as an
+ordinary module.
 """
 
 from __future__ import annotations
@@ -136,13 +137,13 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         # The role's switch, for the message only: with the fast path off the stage runs whatever the check says.
         enabled = boolean(args.get("enabled", True))
-        if args.get("state", "check") != "absent" and not args.get("digest"):
+        state = args.get("state", "check")
+        if state != "absent" and not args.get("digest"):
             args["digest"] = inputs_digest(task_vars)
         if self._is_pipelining_enabled("new"):
             result.update(self._run_on_host(args, task_vars))
         else:
             result.update(self._execute_module(module_name="b70_generation", module_args=args, task_vars=task_vars))
-        state = args.get("state", "check")
         if state != "absent" and not result.get("failed"):
             # The run's bookkeeping, carried from stage to stage in the registered result (generation_run): the
             # stages at this run's generation so far.
