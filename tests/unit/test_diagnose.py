@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from b70ctl.cli import app
 from b70ctl.diagnose import diagnose_lines, load_catalogue, load_catalogue_file
-from b70ctl.diagnose.catalogue import catalogue_path
+from b70ctl.diagnose.catalogue import catalogue_files, catalogue_path
 from b70ctl.diagnose.collect import (collect_unit, kernel_log_argv, log_window, read_log, ssh_settings,
                                      unit_log_argv)
 from b70ctl.errors import BadInput
@@ -120,7 +120,10 @@ def test_kernel_patterns_read_only_kernel_lines() -> None:
 # ---------------------------------------------------------------- the catalogue file is validated
 
 def _write_catalogue(tmp_path: Path, mutate) -> Path:
-    data = yaml.safe_load(catalogue_path().read_text())
+    # The shipped folder's files as one document, as the loader merges them.
+    files = catalogue_files(catalogue_path())
+    data = {"schema_version": 1,
+            "signatures": [entry for file in files for entry in yaml.safe_load(file.read_text())["signatures"]]}
     mutate(data)
     path = tmp_path / "catalogue.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -138,6 +141,22 @@ def _write_catalogue(tmp_path: Path, mutate) -> Path:
 def test_a_bad_catalogue_is_refused_with_the_field(tmp_path: Path, mutate, message: str) -> None:
     with pytest.raises(BadInput, match=message.replace("(", r"\(").replace(".", r"\.")):
         load_catalogue_file(_write_catalogue(tmp_path, mutate))
+
+
+def test_a_catalogue_folder_is_one_document_with_ids_unique_across_files(tmp_path: Path) -> None:
+    files = catalogue_files(catalogue_path())
+    assert [file.name for file in files] == ["platform.yaml", "serving.yaml"]
+    folder = tmp_path / "catalogue"
+    folder.mkdir()
+    first = yaml.safe_load(files[0].read_text())
+    (folder / "a.yaml").write_text(yaml.safe_dump(first))
+    (folder / "b.yaml").write_text(yaml.safe_dump({"schema_version": 1, "signatures": first["signatures"][:1]}))
+    with pytest.raises(BadInput, match=f"duplicate signature id {first['signatures'][0]['id']}"):
+        load_catalogue_file(folder)
+    broken = {"schema_version": 1, "signatures": [dict(first["signatures"][0], id="Not An Id")]}
+    (folder / "b.yaml").write_text(yaml.safe_dump(broken))
+    with pytest.raises(BadInput, match=r"b\.yaml: signatures\.0\.id"):
+        load_catalogue_file(folder)
 
 
 def test_every_source_of_the_shipped_catalogue_can_be_followed() -> None:

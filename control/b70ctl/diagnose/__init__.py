@@ -1,5 +1,5 @@
 """Known failures of the B70 DSpark recipes, named with their fix: a signature catalogue as data
-(catalogue.yaml), matched against serve logs, kernel logs and verify reports."""
+(the catalogue/ folder), matched against serve logs, kernel logs and verify reports."""
 
 from b70ctl.diagnose.catalogue import load_catalogue, load_catalogue_file
 from b70ctl.diagnose.match import diagnose_lines

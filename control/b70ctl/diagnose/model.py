@@ -1,4 +1,4 @@
-"""The signature catalogue (catalogue.yaml) as typed models, and what a diagnosis returns.
+"""The signature catalogue (the catalogue/ folder) as typed models, and what a diagnosis returns.
 
 A signature names one known failure (or one harmless warning that looks like a failure): the regexes that find
 it in a serve log, the kernel log or a verify report, what it means, the fix, where the knowledge came from and
