@@ -77,7 +77,9 @@ def test_each_fixture_names_exactly_its_failures(name: str) -> None:
 
 
 def test_every_catalogue_entry_has_a_fixture() -> None:
-    covered = set().union(*expected_fixtures().values())
+    # The field corpus (tests/fixtures/field/index.yaml, checked by test_diagnose_field.py) counts too.
+    field = yaml.safe_load((FIXTURES.parent / "field" / "index.yaml").read_text()) or []
+    covered = set().union(*expected_fixtures().values(), *(set(entry["expect"]) for entry in field))
     assert {signature.id for signature in load_catalogue().signatures} == covered
 
 
@@ -130,6 +132,10 @@ def _write_catalogue(tmp_path: Path, mutate) -> Path:
     return path
 
 
+def _entry(data: dict, id: str) -> dict:
+    return next(entry for entry in data["signatures"] if entry["id"] == id)
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d["signatures"][0]["patterns"][0].update(regex="(unclosed"), "not a regular expression"),
     (lambda d: d["signatures"].append(d["signatures"][0]), "duplicate signature id"),
@@ -137,6 +143,8 @@ def _write_catalogue(tmp_path: Path, mutate) -> Path:
     (lambda d: d["signatures"][0]["patterns"][0].update(kinds=["dmesg"]), "signatures.0.patterns.0.kinds.0"),
     (lambda d: d["signatures"][0].pop("sources"), "signatures.0.sources"),
     (lambda d: d["signatures"][0].update(unless=["no-such-entry"]), "unless names unknown signature no-such-entry"),
+    (lambda d: _entry(d, "ze-ipc-open-invalid-argument")["causes"].reverse(),
+     "fix must be the first"),
 ])
 def test_a_bad_catalogue_is_refused_with_the_field(tmp_path: Path, mutate, message: str) -> None:
     with pytest.raises(BadInput, match=message.replace("(", r"\(").replace(".", r"\.")):
@@ -244,6 +252,22 @@ def test_human_output_prints_failure_evidence_and_fix() -> None:
     assert "FAILURE esimd-page-attn-bf16-query" in result.stdout
     assert "esimd-bf16-query.log:1:" in result.stdout
     assert "DISABLE_ESIMD_PAGE_ATTN=1" in result.stdout
+
+
+def test_several_settled_causes_are_printed_in_order_and_in_json() -> None:
+    # The four threads that settled zeMemOpenIpcHandle INVALID_ARGUMENT, each on its own fix:
+    # SergiioB/intel-arc-pro-b70-inference-cookbook #8 and intel/llm-scaler #594 ("your host platform does not
+    # support P2P": the SIMPLE_THRESHOLD exports), vllm-project/vllm #48953 ("new xpu kernel 0.1.12 works but:
+    # need CCL_ENABLE_SYCL_KERNELS=0"), intel/llm-scaler #486 ("Update your kernel to 7.1 and ubuntu to 26.04"),
+    # intel/llm-scaler #398 ("Non-AWQ models (FP16) work correctly").
+    log = str(FIXTURES / "quoted/ze-ipc-no-p2p.log")
+    text = CliRunner().invoke(app, ["diagnose", "--log", log]).stdout
+    marks = ["CCL_SYCL_ALLREDUCE_SIMPLE_THRESHOLD=4294967296", "CCL_ENABLE_SYCL_KERNELS=0", "kernel 7.1", "AWQ"]
+    positions = [text.index(mark) for mark in marks]
+    assert positions == sorted(positions) and "how to tell" in text
+    [match] = json.loads(CliRunner().invoke(app, ["diagnose", "--log", log, "--json"]).stdout)["failures"]
+    assert [cause["fix"]["kind"] for cause in match["causes"]] == ["profile", "env", "host", "recipe"]
+    assert match["causes"][0]["fix"] == match["fix"]
 
 
 def test_stdin_is_read_with_dash() -> None:

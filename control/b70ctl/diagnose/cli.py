@@ -14,7 +14,7 @@ from rich.markup import escape
 from b70ctl.diagnose.catalogue import load_catalogue
 from b70ctl.diagnose.collect import collect_unit, local_runner, read_log, ssh_runner
 from b70ctl.diagnose.match import diagnose_lines
-from b70ctl.diagnose.model import Diagnosis, LogLine
+from b70ctl.diagnose.model import Diagnosis, Fix, LogLine
 from b70ctl.errors import BadInput
 
 DEFAULT_UNIT = "b70-vllm"
@@ -54,6 +54,16 @@ def run_diagnosis(logs: list[str], unit: str | None, ssh: str | None, topology: 
                           auto_profile=document.auto_profile if topology is not None else None)
 
 
+def render_fix(fix: Fix, out: Console, indent: str) -> None:
+    out.print(f"{indent}[bold green]fix:[/] {escape(fix.text)}", highlight=False)
+    if fix.profile:
+        out.print(f"{indent}  oneCCL profile: {fix.profile}", highlight=False)
+    for name, value in fix.env.items():
+        out.print(f"{indent}  env {name}={value}", highlight=False)
+    if fix.command:
+        out.print(f"{indent}  command: {escape(fix.command)}", highlight=False)
+
+
 def render(diagnosis: Diagnosis, out: Console) -> None:
     for match in diagnosis.failures:
         out.print(f"[bold red]FAILURE[/] [bold]{match.id}[/]: {escape(match.title)}")
@@ -62,13 +72,15 @@ def render(diagnosis: Diagnosis, out: Console) -> None:
         if match.evidence_count > len(match.evidence):
             out.print(f"  ... {match.evidence_count - len(match.evidence)} more matching line(s)")
         out.print(f"  meaning: {escape(match.meaning)}", highlight=False)
-        out.print(f"  [bold green]fix:[/] {escape(match.fix.text)}", highlight=False)
-        if match.fix.profile:
-            out.print(f"    oneCCL profile: {match.fix.profile}", highlight=False)
-        for name, value in match.fix.env.items():
-            out.print(f"    env {name}={value}", highlight=False)
-        if match.fix.command:
-            out.print(f"    command: {escape(match.fix.command)}", highlight=False)
+        if match.causes:
+            out.print(f"  {len(match.causes)} settled causes, most likely first (how to tell them apart):",
+                      highlight=False)
+            for number, cause in enumerate(match.causes, 1):
+                out.print(f"  {number}. [bold]{escape(cause.cause)}[/]", highlight=False)
+                out.print(f"     how to tell: {escape(cause.how_to_tell)}", highlight=False)
+                render_fix(cause.fix, out, indent="     ")
+        else:
+            render_fix(match.fix, out, indent="  ")
         out.print(f"  source: {escape('; '.join(source.ref for source in match.sources))}", highlight=False)
     for contradiction in diagnosis.contradictions:
         out.print(f"[bold red]CONTRADICTION[/] {escape(contradiction.text)}", highlight=False)

@@ -30,8 +30,8 @@ def match_signature(signature: Signature, lines: Sequence[LogLine]) -> Match | N
         if not any(_matches(line, _compiled([required])) for line in lines):
             return None
     return Match(id=signature.id, title=signature.title, severity=signature.severity, meaning=signature.meaning,
-                 fix=signature.fix, sources=signature.sources, applies_to=signature.applies_to,
-                 evidence=evidence[:EVIDENCE_LINES], evidence_count=len(evidence))
+                 fix=signature.fix, causes=signature.causes, sources=signature.sources,
+                 applies_to=signature.applies_to, evidence=evidence[:EVIDENCE_LINES], evidence_count=len(evidence))
 
 
 def contradictions(catalogue: Catalogue, matches: Iterable[Match], profile: str | None,

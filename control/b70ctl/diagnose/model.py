@@ -53,6 +53,14 @@ class Fix(_Model):
     profile: Literal["p2p", "no-p2p"] | None = Field(None, description="The oneCCL profile to force")
 
 
+class Cause(_Model):
+    """One of several settled causes of a signature: the same lines, a different way out."""
+
+    cause: str = Field(min_length=1, description="What was behind the failure in the threads that settled it")
+    how_to_tell: str = Field(min_length=1, description="What tells this cause from the others on a host")
+    fix: Fix
+
+
 class Source(_Model):
     kind: SourceKind
     ref: str = Field(min_length=1, description="docs/<file>.md: <section>, a fixture path, an issue URL or a named "
@@ -101,6 +109,8 @@ class Signature(_Model):
     unless: list[str] = Field(default_factory=list)
     meaning: str
     fix: Fix
+    # Several settled causes of the same lines, most likely first; `fix` is the first cause's.
+    causes: list[Cause] = Field(default_factory=list)
     sources: list[Source] = Field(min_length=1)
     applies_to: AppliesTo = Field(default_factory=AppliesTo)
     # A profile this failure contradicts: a topology forcing it is named in the diagnosis.
@@ -112,6 +122,10 @@ class Signature(_Model):
             raise ValueError(f"{self.id}: a harmless entry's fix kind must be none")
         if self.severity == "failure" and self.fix.kind == "none":
             raise ValueError(f"{self.id}: a failure needs a fix")
+        if self.causes and self.severity == "harmless":
+            raise ValueError(f"{self.id}: a harmless entry has no causes")
+        if self.causes and self.causes[0].fix != self.fix:
+            raise ValueError(f"{self.id}: fix must be the first (most likely) cause's fix")
         return self
 
 
@@ -148,6 +162,7 @@ class Match(_Model):
     severity: Severity
     meaning: str
     fix: Fix
+    causes: list[Cause] = Field(default_factory=list, description="Settled causes, most likely first")
     sources: list[Source]
     applies_to: AppliesTo
     evidence: list[LogLine] = Field(description="The first lines that matched (at most a few per signature)")
