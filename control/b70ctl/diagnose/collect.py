@@ -30,8 +30,21 @@ SSH_TIMEOUT_S = 15.0
 Runner = Callable[[list[str]], tuple[int, str, str]]
 
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9@._:\\-]+$")
-# Kernel lines inside a mixed file: journal/syslog ("host kernel: ...") or dmesg ("[  12.345678] ...").
-_KERNEL_LINE = re.compile(r"^\S+(\s+\S+){0,3}\s+kernel: |^\[\s*\d+\.\d+\] ")
+# Kernel lines inside a mixed file, in each shape they are pasted in: journal/syslog ("Aug 04 10:11:12 host
+# kernel: ...", short-iso too, or only "kernel: ..." when the paste dropped the stamp and host), dmesg
+# ("[  12.345678] ...", "<6>[  12.345678] ..." from dmesg -r, "kern  :err   : ..." from dmesg -x), dmesg -T
+# ("[Tue Aug  4 10:11:12 2026] ..."), and a device driver's own line with no prefix, or only a time stamp, often
+# indented in a paste ("xe 0000:03:00.0: [drm] ...", "2026-09-13T22:23:00 xe 0000:3d:00.0: ..."): a driver name,
+# then the device's PCI address.
+_KERNEL_LINE = re.compile(
+    r"^\S+(\s+\S+){0,3}\s+kernel: "
+    r"|^kernel: "
+    r"|^(<\d>)?\[\s*\d+\.\d+\] "
+    r"|^kern\s*:\s*\w+\s*: "
+    r"|^\[\w{3} \w{3} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}\] "
+    r"|^\s*(\d{4}-\d{2}-\d{2}T[\d:.,]+(Z|[+-]\d{2}:?\d{2})?\s+)?"
+    r"(xe|i915|pcieport|pci|nvme|amdgpu|nouveau|nvidia|snd_hda_intel|mei_\w+) "
+    r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]: ")
 _ISO_PREFIX = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2}))\s")
 
 
