@@ -119,6 +119,58 @@ def test_kernel_patterns_read_only_kernel_lines() -> None:
     assert kinds[1] == kinds[2] == "kernel" and kinds[3] == "serve"
 
 
+# Kernel lines as owners pasted them into public issues, one per shape, each with where it was posted.
+KERNEL_LINE_SHAPES = [
+    # dmesg: https://github.com/intel/media-driver/issues/1917
+    "[    3.104594] xe 0000:01:00.0: [drm] Small BAR device",
+    # dmesg -T: https://github.com/intel/llm-scaler/issues/595
+    "[Tue Aug  4 20:51:21 2026] xe 0000:2b:00.0: [drm] Tile0: GT0: Check job timeout: seqno=1484958, "
+    "lrc_seqno=1484958, guc_id=0, not started",
+    # journalctl -k: https://github.com/intel/media-driver/issues/1889
+    "Dec 07 07:03:57 bedroom kernel: xe 0000:03:00.0: [drm] Using GuC firmware from i915/dg1_guc_70.bin version "
+    "70.29.2",
+    # journalctl -k with only the time: https://github.com/clearlinux/distribution/issues/2907
+    "22:39:31 kernel: i915 0000:00:02.0: [drm] GT0: GUC: SLPC enabled",
+    # journalctl -k without time and host: https://github.com/lxc/incus-os/issues/891
+    "kernel: xe 0000:0c:00.0: [drm] Tile0: GT0: GuC firmware xe/bmg_guc_70.bin: fetch failed with error -ENOENT",
+    # a bare driver line: https://github.com/intel/compute-runtime/issues/948
+    "xe 0000:83:00.0: [drm] Tile0: GT0: Fault response: Unsuccessful -ENOENT",
+    # indented, after an ISO time stamp: https://github.com/intel/compute-runtime/issues/944
+    "  2026-09-13T22:23:00 xe 0000:3d:00.0: [drm] Tile0: GT0: Engine reset: engine_class=ccs, logical_mask: 0x1, "
+    "guc_id=9,",
+    # dmesg -r: https://github.com/intel-gpu/intel-gpu-i915-backports/issues/192
+    "<6>[    3.668430] i915 0000:0c:00.0: [drm] GT0: GuC firmware i915/dg2_guc_70.25.0.bin version 70.25.0",
+    # dmesg -x: https://github.com/jakeday/linux-surface/issues/417
+    "kern  :debug : [Thu Mar  7 18:50:57 2019] [drm:intel_uc_fw_fetch [i915]] GuC fw fetch SUCCESS",
+    # a bare pcieport line inside a dmesg paste: https://github.com/geerlingguy/raspberry-pi-pcie-devices/issues/695
+    "pcieport 0001:00:00.0: Assigned bridge window [mem 0x1800000000-0x1817ffffff 64bit pref] to [bus 01-04] "
+    "cannot fit 0x200000000 required for 0001:02:01.0 bridging to [bus 03]",
+]
+SERVE_LINE_SHAPES = [
+    # a wrapped kernel line's continuation is not a kernel line: https://github.com/intel/compute-runtime/issues/944
+    "  state=0x29",
+    # https://github.com/intel/llm-scaler/issues/348
+    "2026-04-16T12:49:28.262466172Z (EngineCore_DP0 pid=568) ERROR 04-16 12:49:28 [core.py:936] RuntimeError: "
+    "level_zero backend failed with error: 40 (UR_RESULT_ERROR_OUT_OF_RESOURCES)",
+    # https://github.com/intel/compute-runtime/issues/921
+    "  sycl::_V1::exception: level_zero backend failed with error: 2147483646 (UR_RESULT_ERROR_UNKNOWN)",
+]
+
+
+@pytest.mark.parametrize("line", KERNEL_LINE_SHAPES)
+def test_kernel_lines_are_read_in_every_shape_they_are_pasted_in(tmp_path: Path, line: str) -> None:
+    log = tmp_path / "pasted.log"
+    log.write_text(line + "\n")
+    assert [read.kind for read in read_log(str(log))] == ["kernel"]
+
+
+@pytest.mark.parametrize("line", SERVE_LINE_SHAPES)
+def test_server_lines_are_not_taken_for_kernel_lines(tmp_path: Path, line: str) -> None:
+    log = tmp_path / "pasted.log"
+    log.write_text(line + "\n")
+    assert [read.kind for read in read_log(str(log))] == ["serve"]
+
+
 # ---------------------------------------------------------------- the catalogue file is validated
 
 def _write_catalogue(tmp_path: Path, mutate) -> Path:
