@@ -154,19 +154,20 @@ def read_api_key(api_key_file: Path | None) -> str | None:
                     console.print(f"using the API key in ${name}", highlight=False)
                 return checked_api_key(key, name)
         return None
-    try:
-        key = api_key_file.read_text(encoding="utf-8").strip()
-    except UnicodeDecodeError as error:
-        raise BadInput(f"--api-key-file {api_key_file}: not UTF-8 text: write the key as plain text") from error
-    except OSError as error:
-        raise BadInput(f"--api-key-file {api_key_file}: {error.strerror}: give a readable file holding the key")
+    from b70ctl.files import read_secret_file
+
+    key = read_secret_file(api_key_file, f"--api-key-file {api_key_file}").strip()
     if not key:
         raise BadInput(f"--api-key-file {api_key_file}: the file is empty: write the key into it")
     return checked_api_key(key, f"--api-key-file {api_key_file}")
 
 
 def checked_api_key(key: str, where: str) -> str:
-    """A key goes into an HTTP header: one line of visible ASCII. The message never quotes it."""
+    """A key goes into an HTTP header: one line of visible ASCII. The message never quotes it, and nothing printed
+    or stored holds it (b70ctl.redact)."""
+    from b70ctl.redact import keep_secret
+
+    keep_secret(key)
     if "\n" in key or "\r" in key:
         raise BadInput(f"{where}: the API key must be one line, it holds a line break: keep only the key")
     if not all("!" <= character <= "~" for character in key):
@@ -196,6 +197,10 @@ def endpoint_of(url: str, option: str, **settings: object) -> Endpoint:
     if port == 0:
         raise BadInput(f"{option} {shown!r}: port 0 is not a server's port")
     basic_auth = (parts.username or "", parts.password or "") if parts.username or parts.password else None
+    if basic_auth is not None:
+        from b70ctl.redact import keep_secret
+
+        keep_secret(basic_auth[1])
     netloc = parts.netloc.rsplit("@", 1)[-1]
     return Endpoint(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)),
                     basic_auth=basic_auth, **settings)  # type: ignore[arg-type]
@@ -337,7 +342,11 @@ def main() -> None:
         app()
     except BadInput as error:
         # escaped: a message may quote a path or an install hint in brackets ('b70ctl[appliance]')
-        console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        # printable: a message may quote what a server sent (an echoed key, an escape sequence)
+        from b70ctl.redact import printable
+
+        line = printable(str(error)).replace("\n", " ")
+        console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
         sys.exit(error.exit_code)
     except Exception as error:
         if debug:

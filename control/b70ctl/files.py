@@ -10,17 +10,24 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from b70ctl.errors import BadInput
+from b70ctl.redact import redact
+
+# Most bytes of a secret file read: a key is a line, /dev/zero or a log given by mistake must not fill memory.
+MAX_SECRET_FILE_BYTES = 64 * 1024
 
 
 def write_text_atomically(path: Path, text: str, mode: int = 0o644) -> None:
-    """`mode` defaults to readable by all (reports, locks are meant to be shared); secrets pass 0o600."""
+    """`mode` defaults to readable by all (reports, locks are meant to be shared): no secret of this run is ever
+    in the text (redacted here, whatever a server echoed), so a 0644 document carries none."""
     path = Path(path)
+    text = redact(text)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -82,3 +89,31 @@ def read_json_object(source: str | Path, where: str, fix: str) -> dict[str, Any]
     if not isinstance(data, dict):
         raise BadInput(f"{where}: expected a JSON object, found {type(data).__name__}: {fix}")
     return data
+
+
+def read_secret_file(path: Path, where: str) -> str:
+    """The text of a file holding a secret, refused (one BadInput line) when it is not a regular file (a FIFO would
+    block, /dev/zero never ends), larger than a secret, or readable by others. Others: ssh refuses such a key
+    (openssh-portable authfile.c, sshkey_perm_ok: "Permissions 0%3.3o for '%s' are too open." ... "This private
+    key will be ignored."), and so does b70ctl, rather than use a key every local user may have copied."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as error:
+        raise BadInput(f"{where}: {error.strerror}: give a readable file holding the key") from error
+    try:
+        found = os.fstat(handle)
+        if not stat.S_ISREG(found.st_mode):
+            raise BadInput(f"{where}: not a regular file: write the key into a plain file (chmod 600)")
+        if found.st_mode & 0o077 and found.st_uid == os.getuid():
+            raise BadInput(f"{where}: permissions {stat.S_IMODE(found.st_mode):04o} are too open, others may read "
+                           f"the key: chmod 600 {path}")
+        data = os.read(handle, MAX_SECRET_FILE_BYTES + 1)
+    finally:
+        os.close(handle)
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise BadInput(f"{where}: larger than {MAX_SECRET_FILE_BYTES // 1024} KiB, not a key: give the file holding "
+                       "only the key")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadInput(f"{where}: not UTF-8 text: write the key as plain text") from error

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 import signal
+import stat
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +39,7 @@ from b70ctl.checks.throughput import run_throughput, throughput_measurements
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import read_json_object, write_text_atomically
 from b70ctl.recipes.model import Recipe
+from b70ctl.redact import printable
 from b70ctl.report.html import render_html
 from b70ctl.report.markdown import render_markdown
 from b70ctl.report.model import DiagnosedFailure, Environment, Report, RooflineInputs
@@ -106,10 +110,15 @@ def _preflight(request: VerifyRequest) -> tuple[Reference | None, Environment]:
             record_roofline_inputs(environment, RooflineInputs.model_validate(found))
         except ValidationError as error:
             raise BadInput(f"roofline inputs {path}: {first_problem(error)}: {ROOFLINE_FIX}") from error
+    if request.host is not None and (not request.host or any(ch.isspace() or not ch.isprintable()
+                                                                for ch in request.host)):
+        raise BadInput(f"--host {request.host!r}: a host name is one word without spaces, line breaks or control "
+                       "characters: give the name as the inventory has it")
     try:
         request.out_dir.mkdir(parents=True, exist_ok=True)
         probe = request.out_dir / ".write-test"
-        probe.write_text("")
+        # O_EXCL: never through a link planted under that name
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         probe.unlink()
     except OSError as error:
         raise BadInput(f"--out {request.out_dir}: not writable ({error.strerror}): choose another directory") \
@@ -139,37 +148,127 @@ class OutDirBusy(BadInput):
 class RunDirectory:
     """A run owns its --out directory: an exclusive lock (released by the kernel however the run ends) keeps a
     second run from writing into it at the same time, and raw data of an earlier run is cleared so raw/ only ever
-    holds what this report was computed from."""
+    holds what this report was computed from.
+
+    verify owns only what it made: --out and raw/ each carry its marker file once it wrote there. A raw/ or a
+    report without the marker (a user's `--out .` or `--out ~/data`) is refused, never cleared or overwritten,
+    and so is any link where verify writes: nothing is written through a link it did not create."""
 
     LOCK_NAME = ".verify.lock"
+    MARKER_NAME = "b70ctl-verify.marker"
+    MARKER_TEXT = ("Written by b70ctl verify: the next run into this directory replaces report.json, report.md, "
+                   "report.html and raw/.\n")
+    OWNED = ("report.json", "report.md", "report.html", "raw")
+    STALE_RAW_PREFIX = ".raw-stale-"
 
     def __init__(self, out_dir: Path):
         self.out_dir = out_dir
         self._handle: Any = None
 
+    def _refuse(self, path: Path, problem: str, fix: str) -> None:
+        raise BadInput(f"--out {self.out_dir}: {path.relative_to(self.out_dir)} {problem}: {fix}")
+
+    def _open_lock(self) -> Any:
+        try:
+            fd = os.open(self.out_dir / self.LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                self._refuse(self.out_dir / self.LOCK_NAME, "is a link verify did not create",
+                             "remove it, or choose another --out")
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            self._refuse(self.out_dir / self.LOCK_NAME, "is not a regular file", "remove it, or choose another --out")
+        return os.fdopen(fd, "r+")
+
+    def _check_owned(self) -> bool:
+        """Whether --out already carries the marker; refuses what verify would replace but did not make."""
+        out_marker = self.out_dir / self.MARKER_NAME
+        if out_marker.is_symlink() or (out_marker.exists() and not out_marker.is_file()):
+            self._refuse(out_marker, "is not a marker verify wrote", "remove it, or choose another --out")
+        owned = out_marker.is_file()
+        for name in self.OWNED:
+            path = self.out_dir / name
+            if path.is_symlink():
+                self._refuse(path, "is a link verify did not create (it would write through it)",
+                             "remove the link, or choose another --out")
+            if not os.path.lexists(path):
+                continue
+            if name == "raw":
+                raw_marker = path / self.MARKER_NAME
+                if not path.is_dir() or raw_marker.is_symlink() or not raw_marker.is_file() or not owned:
+                    self._refuse(path, "was not made by b70ctl verify (no marker), it would be deleted",
+                                 "move it away, or choose an empty --out")
+            elif not owned or not path.is_file():
+                self._refuse(path, "was not written by b70ctl verify (no marker), it would be overwritten",
+                             "move it away, or choose an empty --out")
+        return owned
+
+    def _clear_stale(self) -> None:
+        """What a run killed outright (SIGKILL, power loss) left behind: raw/ it was clearing, and temporary files
+        of its reports. Only names verify itself makes, in a directory that carries its marker; each is named."""
+        for path in sorted(self.out_dir.iterdir()):
+            name = path.name
+            ours_raw = name.startswith(self.STALE_RAW_PREFIX) and path.is_dir() and not path.is_symlink()
+            ours_tmp = (any(name.startswith(f".{owned}.") for owned in self.OWNED) and name.endswith(".tmp")
+                        and path.is_file() and not path.is_symlink())
+            if ours_raw or ours_tmp:
+                sys.stderr.write(f"warning: removing {path}, left by an earlier run that was killed\n")
+                if ours_raw:
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+    def _name_unfinished(self) -> None:
+        """A report still saying "running" while this run holds the lock was left by a run killed outright."""
+        try:
+            earlier = json.loads((self.out_dir / "report.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if isinstance(earlier, dict) and earlier.get("partial_reason") == "running":
+            sys.stderr.write(f"warning: {self.out_dir / 'report.json'} says \"running\": the run that wrote it was "
+                             "killed before it could close it; this run replaces it\n")
+
+    def _write_marker(self, directory: Path) -> None:
+        fd = os.open(directory / self.MARKER_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as marker:
+            marker.write(self.MARKER_TEXT)
+
     def __enter__(self) -> RunDirectory:
-        self._handle = open(self.out_dir / self.LOCK_NAME, "a+")  # noqa: SIM115 (held for the whole run)
+        self._handle = self._open_lock()
         try:
             fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as error:
             self._handle.close()
             raise OutDirBusy(f"--out {self.out_dir}: another b70ctl verify is writing there: wait for it, or choose "
                              "another directory") from error
-        self._handle.seek(0)
-        self._handle.truncate()
-        self._handle.write(f"{os.getpid()}\n")
-        self._handle.flush()
-        raw = self.out_dir / "raw"
-        if raw.is_dir() and not raw.is_symlink():
-            stale = self.out_dir / f".raw-stale-{os.getpid()}"
-            raw.rename(stale)
-            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            owned = self._check_owned()
+            if owned:
+                self._clear_stale()
+                self._name_unfinished()
+            self._handle.seek(0)
+            self._handle.truncate()
+            self._handle.write(f"{os.getpid()}\n")
+            self._handle.flush()
+            raw = self.out_dir / "raw"
+            if raw.is_dir():  # checked above: verify's own raw/
+                stale = self.out_dir / f"{self.STALE_RAW_PREFIX}{os.getpid()}"
+                raw.rename(stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            self._write_marker(self.out_dir)
+            raw.mkdir()
+            self._write_marker(raw)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._handle is not None:
             fcntl.flock(self._handle, fcntl.LOCK_UN)
             self._handle.close()
+            self._handle = None
 
 
 class ReportWriter:
@@ -177,9 +276,12 @@ class ReportWriter:
         self.report, self.recipe, self.out_dir = report, recipe, out_dir
 
     def save(self) -> None:
+        """Every server-supplied string in the report (error bodies, model names, log lines) is stored redacted
+        (files.write_text_atomically) and, in the files people open in a terminal or a browser, without control
+        characters: report.json escapes them itself."""
         write_text_atomically(self.out_dir / "report.json", self.report.model_dump_json(indent=2) + "\n")
-        write_text_atomically(self.out_dir / "report.md", render_markdown(self.report, self.recipe))
-        write_text_atomically(self.out_dir / "report.html", render_html(self.report, self.recipe))
+        write_text_atomically(self.out_dir / "report.md", printable(render_markdown(self.report, self.recipe)))
+        write_text_atomically(self.out_dir / "report.html", printable(render_html(self.report, self.recipe)))
 
     def save_partial(self, reason: str) -> None:
         """The last consistent report, marked partial with why it stopped. When even that cannot be written (a

@@ -48,6 +48,7 @@ def test_a_second_run_into_the_same_out_is_refused(servers, tmp_path):
 
 def test_raw_data_of_an_earlier_run_is_cleared(servers, tmp_path):
     served, baseline = servers
+    run(recipe(), served, baseline, tmp_path)  # the earlier run: raw/ carries verify's marker
     stale = tmp_path / "raw" / "throughput" / "gone" / "001.json"
     stale.parent.mkdir(parents=True)
     stale.write_text("{}")

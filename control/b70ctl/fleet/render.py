@@ -40,6 +40,7 @@ from b70ctl.fleet.model import (
     RecipeFleet,
     WorkloadFigures,
 )
+from b70ctl.redact import printable, redact_credentials
 from b70ctl.report.markdown import efficiency_text
 
 FLEET_MD = "fleet.md"
@@ -452,8 +453,19 @@ def render_html(report: FleetReport, out_dir: Path | None = None) -> str:
     return _environment("html").get_template("fleet.html.j2").render(**context)
 
 
+# The fleet report copies what each host's report quotes of its server: a report written by an older verify, or
+# on a host whose secrets this process cannot know, may hold an echoed Authorization header or a URL's password
+# (b70ctl.redact). Every fleet file is written through these, and compared through them on a re-run.
 def _json_text(report: FleetReport) -> str:
-    return report.model_dump_json(indent=2) + "\n"
+    return redact_credentials(report.model_dump_json(indent=2)) + "\n"
+
+
+def _markdown_text(report: FleetReport) -> str:
+    return printable(render_markdown(report))
+
+
+def _html_text(report: FleetReport, out_dir: Path | None) -> str:
+    return printable(render_html(report, out_dir))
 
 
 def _read(path: Path) -> str | None:
@@ -478,8 +490,8 @@ def previous_generation(report: FleetReport, out_dir: Path) -> datetime | None:
     previous = report.model_copy(update={"generated_at": generated_at})
     if _json_text(previous) != existing_json:
         return None
-    for name, render in ((FLEET_MD, lambda: render_markdown(previous)),
-                         (FLEET_HTML, lambda: render_html(previous, out_dir))):
+    for name, render in ((FLEET_MD, lambda: _markdown_text(previous)),
+                         (FLEET_HTML, lambda: _html_text(previous, out_dir))):
         existing = _read(out_dir / name)
         if existing is None or existing != render():
             return None
@@ -508,8 +520,8 @@ def write_fleet_report(report: FleetReport, out_dir: Path) -> FleetFiles:
             sys.stderr.write(f"fleet report unchanged: {out_dir} left as generated at "
                              f"{generated_at:%Y-%m-%d %H:%M:%S %Z}\n")
             return FleetFiles(paths, written=False)
-        texts = {FLEET_JSON: _json_text(report), FLEET_MD: render_markdown(report),
-                 FLEET_HTML: render_html(report, out_dir)}
+        texts = {FLEET_JSON: _json_text(report), FLEET_MD: _markdown_text(report),
+                 FLEET_HTML: _html_text(report, out_dir)}
         for name, text in texts.items():
             write_text_atomically(paths[name], text)
     return FleetFiles(paths, written=True)
