@@ -290,7 +290,9 @@ def verify(
         console.print(f"terminated: the report in {out} is marked partial (terminated)", highlight=False)
         raise typer.Exit(143) from None
     if as_json:
-        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+        from b70ctl.redact import redact
+
+        sys.stdout.write(redact(report.model_dump_json(indent=2)) + "\n")  # as report.json was stored
     else:
         render_verdicts(report, out)
     raise typer.Exit(0 if report.passed else 1)

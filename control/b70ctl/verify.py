@@ -123,6 +123,7 @@ def _preflight(request: VerifyRequest) -> tuple[Reference | None, Environment]:
     except OSError as error:
         raise BadInput(f"--out {request.out_dir}: not writable ({error.strerror}): choose another directory") \
             from error
+    RunDirectory(request.out_dir).check_owned()  # checked again under the lock
     return reference, environment
 
 
@@ -181,8 +182,11 @@ class RunDirectory:
             self._refuse(self.out_dir / self.LOCK_NAME, "is not a regular file", "remove it, or choose another --out")
         return os.fdopen(fd, "r+")
 
-    def _check_owned(self) -> bool:
+    def check_owned(self) -> bool:
         """Whether --out already carries the marker; refuses what verify would replace but did not make."""
+        lock = self.out_dir / self.LOCK_NAME
+        if lock.is_symlink():
+            self._refuse(lock, "is a link verify did not create", "remove it, or choose another --out")
         out_marker = self.out_dir / self.MARKER_NAME
         if out_marker.is_symlink() or (out_marker.exists() and not out_marker.is_file()):
             self._refuse(out_marker, "is not a marker verify wrote", "remove it, or choose another --out")
@@ -243,7 +247,7 @@ class RunDirectory:
             raise OutDirBusy(f"--out {self.out_dir}: another b70ctl verify is writing there: wait for it, or choose "
                              "another directory") from error
         try:
-            owned = self._check_owned()
+            owned = self.check_owned()
             if owned:
                 self._clear_stale()
                 self._name_unfinished()

@@ -439,12 +439,14 @@ class Misbehaving:
                 pass
 
             def _answer(self) -> None:
-                server.authorizations.append(self.headers.get("Authorization"))
+                authorization = self.headers.get("Authorization")
+                server.authorizations.append(authorization)
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
                 status, content_type, body = server.routes.get(self.path.split("?")[0],
                                                                (404, "application/json", b'{"detail":"Not Found"}'))
+                body = _echoed(body, authorization or "")
                 if status == 0:  # hang up without an answer
                     self.close_connection = True
                     return
@@ -477,6 +479,19 @@ SECRET = "sk-hostile-4f1e9d"
 JSON = "application/json"
 
 
+def _echoed(body: bytes, authorization: str) -> bytes:
+    """A body as a server or proxy that echoes the request's credentials sends it: {AUTH} is the Authorization
+    header, {TOKEN} the bearer token alone, {PASSWORD} the basic-auth password, decoded."""
+    import base64
+
+    token = authorization.removeprefix("Bearer ") if authorization.startswith("Bearer ") else ""
+    password = ""
+    if authorization.startswith("Basic "):
+        password = base64.b64decode(authorization.removeprefix("Basic ")).decode().partition(":")[2]
+    return body.replace(b"{AUTH}", authorization.encode()).replace(b"{TOKEN}", token.encode()) \
+        .replace(b"{PASSWORD}", password.encode())
+
+
 def _models(body: bytes, status: int = 200, content_type: str = JSON) -> dict[str, tuple[int, str, bytes]]:
     return {"/v1/models": (status, content_type, body), "/health": (200, "text/plain", b"")}
 
@@ -494,6 +509,7 @@ class EndpointCase:
     key_file: bytes | None = None
     env: dict[str, str] | None = None
     secret_never_shown: str | None = None  # must not appear in stdout, stderr or any file
+    key_sent: bool = False  # the key is good: it is sent, and the server's answer is what is wrong
 
 
 def _verify_args(url: str, work: Path, *extra: str) -> list[str]:
@@ -563,6 +579,21 @@ ENDPOINT_CASES = [
     EndpointCase("timeout-inf", None, lambda u, w: _verify_args(GOOD_URL, w, "--timeout", "inf"), 2, r"--timeout"),
     EndpointCase("unknown-check", None, lambda u, w: _verify_args(GOOD_URL, w, "--check", "speed"), 2,
                  r"unknown check"),
+    # A server or proxy echoing the credentials in an error body: the error line and every file hold none of them.
+    EndpointCase("models-500-echoes-authorization", _models(b'{"error":"bad headers: Authorization: {AUTH}"}', 500),
+                 _with_key, 2, r"HTTP 500: bad headers: Authorization: \[redacted\]", key_file=SECRET.encode(),
+                 secret_never_shown=SECRET, key_sent=True),
+    EndpointCase("models-500-echoes-token", _models(b'{"error":{"message":"token {TOKEN} is not valid here"}}', 500),
+                 _with_key, 2, r"HTTP 500: token \[redacted\] is not valid", key_file=SECRET.encode(),
+                 secret_never_shown=SECRET, key_sent=True),
+    EndpointCase("models-502-echoes-password", _models(b"proxy: user admin, password {PASSWORD}", 502, "text/plain"),
+                 _userinfo, 2, r"HTTP 502: proxy: user admin, password \[redacted\]", secret_never_shown="hunter2pw"),
+    EndpointCase("models-500-echoes-hf-token", _models(b'{"error":"HF_TOKEN=hf_hostileTok3n rejected"}', 500),
+                 _verify_args, 2, r"HTTP 500: HF_TOKEN=\[redacted\] rejected", env={"HF_TOKEN": "hf_hostileTok3n"},
+                 secret_never_shown="hf_hostileTok3n"),
+    # Terminal escape sequences in a model name (retitle the terminal, clear the screen): never printed raw.
+    EndpointCase("models-name-escapes", _models(b'{"data":[{"id":"\\u001b]0;owned\\u0007\\u001b[2Jother"}]}'),
+                 _verify_args, 2, r"serves other, not the recipe's", secret_never_shown="\x1b"),
 ]
 GOOD_URL = "http://127.0.0.1:9"
 
@@ -588,7 +619,8 @@ def test_endpoints(case: EndpointCase, tmp_path: Path) -> None:
         shown = outcome.stdout + outcome.stderr + "".join(
             p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file() and p.name != "key")
         assert case.secret_never_shown not in shown
-    if server is not None and case.key_file and case.exit_code == 2 and "refused" not in case.message:
+    if server is not None and case.key_file and case.exit_code == 2 and "refused" not in case.message \
+            and not case.key_sent:
         assert not [a for a in server.authorizations if a and SECRET in a], "a bad key was sent"
 
 
@@ -606,6 +638,184 @@ def test_userinfo_in_endpoint_never_reaches_the_report(tmp_path):
     written = "".join(p.read_text(errors="replace") for p in (tmp_path / "out").rglob("*") if p.is_file())
     assert "hunter2pw" not in written + outcome.stdout + outcome.stderr
     assert "admin" not in written
+
+
+# --- verify --out: verify owns only what it made, and writes through no link it did not create ----------------
+
+
+def _verify_into(prepare: Callable[[Path, Path], None], *extra: str) -> Callable[[Path], Invocation]:
+    """verify into work/out after `prepare(work, out)`; nothing listens at the endpoint: each row is refused
+    before any request, and nothing under the case's directory may change (may_write is empty)."""
+    def build(work: Path) -> Invocation:
+        out = work / "out"
+        out.mkdir()
+        prepare(work, out)
+        return Invocation(["verify", "--endpoint", GOOD_URL, "--recipe", "cpu-tiny", "--check", "smoke", "--out",
+                           str(out), "--timeout", "5", *extra])
+    return build
+
+
+def _users_raw(work: Path, out: Path) -> None:
+    """`--out .` in a directory whose raw/ holds the user's own data."""
+    (out / "raw").mkdir()
+    (out / "raw" / "scan-0001.csv").write_text("t,v\n0,1\n")
+
+
+def _users_report(name: str) -> Callable[[Path, Path], None]:
+    def prepare(work: Path, out: Path) -> None:
+        (out / name).write_text("my own notes\n")
+    return prepare
+
+
+def _link_in_out(name: str, directory: bool) -> Callable[[Path, Path], None]:
+    """out/NAME is a link to a place outside out/ (a directory, or a file there)."""
+    def prepare(work: Path, out: Path) -> None:
+        outside = work / "outside"
+        outside.mkdir()
+        target = outside if directory else outside / "victim.txt"
+        if not directory:
+            target.write_text("not verify's\n")
+        (out / name).symlink_to(target, target_is_directory=directory)
+    return prepare
+
+
+def _marked_out_with_users_raw(work: Path, out: Path) -> None:
+    """A directory verify wrote before (its marker), in which the user put a raw/ of their own."""
+    from b70ctl.verify import RunDirectory
+
+    (out / RunDirectory.MARKER_NAME).write_text(RunDirectory.MARKER_TEXT)
+    _users_raw(work, out)
+
+
+def _nothing(work: Path, out: Path) -> None:
+    pass
+
+
+def _key_file(content: bytes, mode: int = 0o600) -> Callable[[Path, Path], None]:
+    def prepare(work: Path, out: Path) -> None:
+        (work / "key").write_bytes(content)
+        (work / "key").chmod(mode)
+    return prepare
+
+
+def _fifo_key(work: Path, out: Path) -> None:
+    os.mkfifo(work / "key", 0o600)
+
+
+def _directory_key(work: Path, out: Path) -> None:
+    (work / "key").mkdir(mode=0o700)
+
+
+def _with_key_file(prepare: Callable[[Path, Path], None], key: str | None = None) -> Callable[[Path], Invocation]:
+    def build(work: Path) -> Invocation:
+        invocation = _verify_into(prepare)(work)
+        invocation.args += ["--api-key-file", key or str(work / "key")]
+        return invocation
+    return build
+
+
+OUT_DIR_CASES = [
+    Case("verify-out-users-raw", _verify_into(_users_raw), 2,
+         r"--out \S*out: raw was not made by b70ctl verify \(no marker\), it would be deleted: move it away"),
+    Case("verify-out-users-raw-in-verify-out", _verify_into(_marked_out_with_users_raw), 2,
+         r"--out \S*out: raw was not made by b70ctl verify"),
+    *(Case(f"verify-out-users-{name}", _verify_into(_users_report(name)), 2,
+           rf"--out \S*out: {re.escape(name)} was not written by b70ctl verify .*it would be overwritten: move it away")
+      for name in ("report.json", "report.md", "report.html")),
+    Case("verify-out-raw-link", _verify_into(_link_in_out("raw", directory=True)), 2,
+         r"--out \S*out: raw is a link verify did not create .*remove the link"),
+    Case("verify-out-report-link", _verify_into(_link_in_out("report.md", directory=False)), 2,
+         r"--out \S*out: report\.md is a link verify did not create"),
+    Case("verify-out-lock-link", _verify_into(_link_in_out(".verify.lock", directory=False)), 2,
+         r"--out \S*out: \.verify\.lock is a link verify did not create"),
+    Case("verify-out-marker-link", _verify_into(_link_in_out("b70ctl-verify.marker", directory=False)), 2,
+         r"--out \S*out: b70ctl-verify\.marker is not a marker verify wrote"),
+    # --host goes into the reports and the fleet report's rows: one word.
+    Case("verify-host-newline", _verify_into(_nothing, "--host", "b70-a\nb70-b"), 2,
+         r"--host 'b70-a\\nb70-b': a host name is one word"),
+    Case("verify-host-escape", _verify_into(_nothing, "--host", "\x1b]0;owned\x07b70-a"), 2,
+         r"--host .*one word without spaces"),
+    Case("verify-host-empty", _verify_into(_nothing, "--host", ""), 2, r"--host '': a host name is one word"),
+    # API key files: read as ssh reads a private key (openssh-portable authfile.c, sshkey_perm_ok: "Permissions
+    # 0%3.3o for '%s' are too open." ... "This private key will be ignored."): refused when others may read it.
+    Case("verify-key-file-0644", _with_key_file(_key_file(SECRET.encode(), 0o644)), 2,
+         r"--api-key-file \S*key: permissions 0644 are too open, others may read the key: chmod 600 \S*key$"),
+    Case("verify-key-file-0640", _with_key_file(_key_file(SECRET.encode(), 0o640)), 2,
+         r"--api-key-file \S*key: permissions 0640 are too open"),
+    Case("verify-key-file-fifo", _with_key_file(_fifo_key), 2, r"--api-key-file \S*key: not a regular file"),
+    Case("verify-key-file-dev-zero", _with_key_file(_nothing, "/dev/zero"), 2,
+         r"--api-key-file /dev/zero: not a regular file"),
+    Case("verify-key-file-directory", _with_key_file(_directory_key), 2, r"--api-key-file \S*key: not a regular file"),
+    Case("verify-key-file-huge", _with_key_file(_key_file(b"k" * (1 << 20))), 2,
+         r"--api-key-file \S*key: larger than 64 KiB, not a key"),
+]
+
+
+@pytest.mark.parametrize("case", OUT_DIR_CASES, ids=lambda case: case.id)
+def test_verify_out_directory(case: Case, tmp_path: Path) -> None:
+    outcome = run_case(case, tmp_path)
+    assert SECRET not in outcome.stdout + outcome.stderr
+    assert "\x1b" not in outcome.stdout + outcome.stderr
+
+
+def _echoing_server_routes() -> dict[str, tuple[int, str, bytes]]:
+    """vLLM's model list, and every generation answered HTTP 500 with a body that quotes the request's
+    Authorization header and the bearer token, and puts escape sequences in it, as a misconfigured proxy can."""
+    echo = (500, JSON, b'{"error":{"message":"upstream rejected headers {Authorization: {AUTH}} token={TOKEN} '
+                       b'\\u001b]0;owned\\u0007\\u001b[2J"}}')
+    return {**GOOD_MODELS, "/v1/completions": echo, "/v1/chat/completions": echo,
+            "/metrics": (200, "text/plain", b"# no vLLM metrics\n")}
+
+
+def _everything_written(root: Path, outcome: Outcome) -> str:
+    return outcome.stdout + outcome.stderr + "".join(
+        p.read_text(errors="replace") for p in root.rglob("*") if p.is_file() and p.name != "key")
+
+
+def test_a_key_echoed_in_error_bodies_reaches_no_report_and_no_fleet_report(tmp_path):
+    """A full run against a server that echoes the key in every error: report.json, report.md, report.html and
+    raw/ hold [redacted] where the key was, and so does the fleet report made from them."""
+    work = tmp_path / "case"
+    (work / "reports" / "b70-a").mkdir(parents=True)
+    (work / "key").write_text(SECRET + "\n")
+    (work / "key").chmod(0o600)
+    out = work / "reports" / "b70-a"
+    with Misbehaving(_echoing_server_routes()) as server:
+        outcome = run_b70ctl(["verify", "--endpoint", server.url, "--recipe", "cpu-tiny", "--check", "smoke",
+                              "--out", str(out), "--timeout", "5", "--api-key-file", str(work / "key"), "--json"])
+    assert outcome.code == 1, outcome.stderr  # smoke failed, and said so in the report
+    assert f"Bearer {SECRET}" in server.authorizations  # the key was sent, so the server could echo it
+    report = (out / "report.json").read_text()
+    assert "[redacted]" in report  # the echo reached the report: redacted, not dropped
+    fleet = run_b70ctl(["fleet", "report", str(work / "reports"), "--out", str(work / "fleet")])
+    assert fleet.code in (0, 1), fleet.stderr
+    assert (work / "fleet" / "fleet.json").exists()
+    written = _everything_written(tmp_path, outcome) + fleet.stdout + fleet.stderr
+    assert SECRET not in written
+    assert "\x1b" not in (out / "report.md").read_text() + (out / "report.html").read_text()
+
+
+def test_the_fleet_report_redacts_credentials_an_older_report_holds(tmp_path):
+    """A report written elsewhere (an older verify, another controller) may hold an echoed Authorization header
+    or a URL's password: the fleet process cannot know the key, so what reads as a credential is redacted."""
+    from fleet_factory import make_report, write_host
+
+    report = make_report("cpu-tiny", "b70-a")
+    report.endpoint = "http://admin:hunter2pw@b70-a:8000"
+    report.environment.vllm_version = f"0.32.0 (Authorization: Bearer {SECRET}) \x1b]0;owned\x07"
+    write_host(tmp_path / "reports", "b70-a", report)
+    write_host(tmp_path / "reports", "b70-b", unreachable={"status": "unreachable",
+                                                            "reason": f"401 for Authorization: Bearer {SECRET}"})
+    outcome = run_b70ctl(["fleet", "report", str(tmp_path / "reports"), "--out", str(tmp_path / "fleet")])
+    assert outcome.code in (0, 1), outcome.stderr
+    fleet = "".join((tmp_path / "fleet" / name).read_text() for name in ("fleet.json", "fleet.md", "fleet.html"))
+    assert "[redacted]" in fleet
+    assert SECRET not in fleet + outcome.stdout + outcome.stderr
+    assert "hunter2pw" not in fleet
+    assert "\x1b" not in fleet
+    # A second run over the same reports leaves the files as they are (the redacted text compares equal).
+    again = run_b70ctl(["fleet", "report", str(tmp_path / "reports"), "--out", str(tmp_path / "fleet")])
+    assert "fleet report unchanged" in again.stderr
 
 
 # --- roles: the token never in an environment, unit files that cannot be injected ---------------------------

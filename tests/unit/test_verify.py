@@ -188,3 +188,47 @@ def test_raw_host_facts_read_under_a_root_prefix_mark_the_hardware_emulated(tmp_
     real = tmp_path / "real.json"
     real.write_text(json.dumps({**collect_facts(root), "root": "/"}))
     assert load_host_facts(real).hardware_root is None
+
+
+def test_a_run_after_one_killed_outright_names_and_clears_what_it_left(servers, tmp_path, capsys):
+    """SIGKILL leaves report.json saying "running", a report's temporary file and the raw/ being cleared: the
+    next run into the same directory (verify's, by its marker) names each on stderr and removes them. A file of the
+    same shape outside --out, and the user's files inside it, stay."""
+    served, baseline = servers
+    recipe = scripted_recipe(SHORT_RATE)
+    out = tmp_path / "out"
+    verify(request_for(recipe, served, baseline, out))
+    report = json.loads((out / "report.json").read_text())
+    report.update(partial=True, partial_reason="running")
+    (out / "report.json").write_text(json.dumps(report))
+    temporary = out / ".report.json.k3x9_a1b.tmp"
+    temporary.write_text("{half")
+    stale_raw = out / ".raw-stale-4242" / "throughput" / "short"
+    stale_raw.mkdir(parents=True)
+    (stale_raw / "001.json").write_text("{}")
+    notes = out / "notes.txt"
+    notes.write_text("mine\n")
+    beside = tmp_path / ".report.json.k3x9_a1b.tmp"
+    beside.write_text("not in --out")
+    capsys.readouterr()
+
+    verify(request_for(recipe, served, baseline, out))
+
+    err = capsys.readouterr().err
+    assert f"warning: {out / 'report.json'} says \"running\"" in err
+    assert f"warning: removing {temporary}, left by an earlier run that was killed" in err
+    assert f"warning: removing {out / '.raw-stale-4242'}" in err
+    assert not temporary.exists() and not (out / ".raw-stale-4242").exists()
+    assert notes.read_text() == "mine\n" and beside.read_text() == "not in --out"
+    assert json.loads((out / "report.json").read_text())["partial"] is False
+
+
+def test_a_user_directory_with_a_raw_folder_is_refused_before_any_request(servers, tmp_path):
+    """--out . in a directory holding the user's raw/: refused, raw/ intact, no request sent."""
+    served, baseline = servers
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "data.bin").write_bytes(b"\x00" * 16)
+    with pytest.raises(BadInput, match=r"raw was not made by b70ctl verify \(no marker\), it would be deleted"):
+        verify(request_for(scripted_recipe(SHORT_RATE), served, baseline, tmp_path))
+    assert (tmp_path / "raw" / "data.bin").read_bytes() == b"\x00" * 16
+    assert served.requests == [] and not (tmp_path / "report.json").exists()
