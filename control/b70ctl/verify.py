@@ -15,6 +15,7 @@ import signal
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from b70ctl import __version__
-from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
+from b70ctl.checks.client import Endpoint, EndpointError, RunDeadlineExceeded, VllmClient
 from b70ctl.checks.correctness import (
     Reference,
     correctness_measurements,
@@ -35,7 +36,7 @@ from b70ctl.checks.correctness import (
 )
 from b70ctl.checks.metrics import MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
-from b70ctl.checks.throughput import run_throughput, throughput_measurements
+from b70ctl.checks.throughput import reject_impossible_engine_figures, run_throughput, throughput_measurements
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import read_json_object, write_text_atomically
 from b70ctl.recipes.model import Recipe
@@ -72,6 +73,9 @@ class VerifyRequest:
     model_dir: Path | None = None
     roofline_inputs_path: Path | None = None  # what host/roofline_inputs.py printed on the serving host
     checks: tuple[str, ...] = ("smoke", "correctness", "throughput")
+    # Seconds the whole run may take once the servers answered (--deadline); None: no limit. Past it the run
+    # ends with the report marked partial, naming the step it was in.
+    deadline_s: float | None = None
 
 
 def load_host_facts(path: Path) -> Environment:
@@ -117,7 +121,11 @@ def _preflight(request: VerifyRequest) -> tuple[Reference | None, Environment]:
     try:
         request.out_dir.mkdir(parents=True, exist_ok=True)
         probe = request.out_dir / ".write-test"
-        # O_EXCL: never through a link planted under that name
+        if probe.is_symlink():
+            raise BadInput(f"--out {request.out_dir}: .write-test is a link verify did not create: remove it, or "
+                           "choose another --out")
+        probe.unlink(missing_ok=True)  # left by a run killed right here
+        # O_EXCL: never through a link planted under that name since
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         probe.unlink()
     except OSError as error:
@@ -302,7 +310,13 @@ class ReportWriter:
 
 
 def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
-    say = progress or (lambda _message: None)
+    steps = ["starting"]  # the last step announced: a run ended by its deadline names it
+
+    def say(message: str) -> None:
+        steps.append(message)
+        if progress is not None:
+            progress(message)
+
     recipe = request.recipe
     reference, environment = _preflight(request)
 
@@ -332,8 +346,21 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
                         environment=environment)
         writer = ReportWriter(report, recipe, request.out_dir)
         raw_dir = request.out_dir / "raw"
+        if request.deadline_s is not None:
+            for each in (client, baseline_client):
+                if each is not None:
+                    each.run_deadline_at, each.run_deadline_s = time.monotonic() + request.deadline_s, \
+                        request.deadline_s
         with RunDirectory(request.out_dir), _sigterm_ends_the_run():
-            return _run_checks(request, report, writer, client, baseline_client, reference, raw_dir, say)
+            try:
+                return _run_checks(request, report, writer, client, baseline_client, reference, raw_dir, say)
+            except RunDeadlineExceeded as passed:
+                _close_unfinished(report, recipe, writer,
+                                  f"deadline: --deadline {passed.deadline_s:g} s passed during {steps[-1]}")
+                raise
+            except BaseException as error:
+                _close_unfinished(report, recipe, writer, f"failed: {_failure(error)}")
+                raise
     finally:
         client.close()
         if baseline_client is not None:
@@ -382,6 +409,25 @@ def _run_checks(request: VerifyRequest, report: Report, writer: ReportWriter, cl
         writer.save_partial("disk full")
         raise BadInput(f"--out {request.out_dir}: disk full; the report is marked partial (disk full): free space "
                        "and run again") from error
+
+
+def _failure(error: BaseException) -> str:
+    """One line of why the run stopped: a refusal's own message, else the error's kind (its text may be long)."""
+    if isinstance(error, BadInput):
+        return printable(str(error)).replace("\n", " ")[:300]
+    return f"{error.__class__.__name__} (an unexpected error: b70ctl's error line says where its traceback is)"
+
+
+def _close_unfinished(report: Report, recipe: Recipe, writer: ReportWriter, reason: str) -> None:
+    """A run that stopped without closing its report (an unexpected error, a refusal mid-run, the deadline) never
+    leaves it saying "running": it is judged on what it measured and marked partial with why it stopped."""
+    if not (report.partial and report.partial_reason == "running"):
+        return  # closed already: interrupted, terminated, disk full
+    try:
+        _finish(report, recipe, complete=False)
+    except Exception:  # noqa: BLE001 - the report must still be closed when judging it is what failed
+        report.passed = False
+    writer.save_partial(reason)
 
 
 @contextmanager
@@ -457,9 +503,12 @@ def _finish(report: Report, recipe: Recipe, complete: bool) -> None:
     if report.correctness is not None:
         measurements.update(correctness_measurements(report.correctness))
     if report.throughput is not None:
+        reject_impossible_engine_figures(report, recipe)
         measurements.update(throughput_measurements(report.throughput))
     report.measurements = measurements
-    report.verdicts = judge_all(recipe.claims, measurements)
+    failed = {f"throughput.{w.name}": w.error for w in (report.throughput.workloads if report.throughput else [])
+              if w.error is not None}
+    report.verdicts = judge_all(recipe.claims, measurements, failed)
     report.roofline = compute_roofline(report, recipe)
     report.finished_at = datetime.now(UTC)
     if complete:

@@ -232,3 +232,21 @@ def test_a_user_directory_with_a_raw_folder_is_refused_before_any_request(server
         verify(request_for(scripted_recipe(SHORT_RATE), served, baseline, tmp_path))
     assert (tmp_path / "raw" / "data.bin").read_bytes() == b"\x00" * 16
     assert served.requests == [] and not (tmp_path / "report.json").exists()
+
+
+def test_the_write_probe_goes_through_no_link_and_a_stale_one_is_no_obstacle(servers, tmp_path):
+    """--out/.write-test planted as a link to a file outside: refused, the file untouched. A regular .write-test
+    (a run killed between making and removing it) is removed and the run goes on."""
+    served, baseline = servers
+    outside = tmp_path / "victim.txt"
+    outside.write_text("not verify's\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".write-test").symlink_to(outside)
+    with pytest.raises(BadInput, match=r"\.write-test is a link verify did not create: remove it"):
+        verify(request_for(scripted_recipe(SHORT_RATE), served, baseline, out))
+    assert outside.read_text() == "not verify's\n" and (out / ".write-test").is_symlink()
+    (out / ".write-test").unlink()
+    (out / ".write-test").write_text("")
+    verify(request_for(scripted_recipe(SHORT_RATE), served, baseline, out))
+    assert not (out / ".write-test").exists() and (out / "report.json").exists()
