@@ -237,6 +237,9 @@ def verify(
     check: Annotated[list[str] | None, choice_option(
         Check, "--check", "Run only these checks (repeatable; default all)", unknown="check")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a request may stall before it fails")] = 120.0,
+    deadline: Annotated[float, typer.Option(
+        help="Seconds the whole run may take; past it the report is marked partial (deadline), exit 124. Each "
+             "request also ends after --timeout plus max_tokens at 1 tok/s")] = 14400.0,
     max_answer_mb: Annotated[float, typer.Option(
         help="Most MiB read from one answer; a larger one fails its request, saying so")] = 64.0,
     as_json: Annotated[bool, typer.Option(
@@ -255,6 +258,10 @@ def verify(
         fail(f"--timeout {timeout:g}: give the seconds a request may stall, a number above 0")
     if not math.isfinite(max_answer_mb) or max_answer_mb <= 0:
         fail(f"--max-answer-mb {max_answer_mb:g}: give the MiB one answer may hold, a number above 0")
+    if max_answer_mb > 2**20:  # more than any answer of vLLM's, and than memory holds
+        fail(f"--max-answer-mb {max_answer_mb:g}: give at most {2**20} MiB (1 TiB)")
+    if not math.isfinite(deadline) or deadline <= 0:
+        fail(f"--deadline {deadline:g}: give the seconds the whole run may take, a number above 0")
     loaded = load_recipe(recipe)
     key = read_api_key(api_key_file)
     limits = {"timeout_s": timeout, "max_answer_bytes": int(max_answer_mb * 2**20)}
@@ -279,7 +286,8 @@ def verify(
         recipe=loaded, endpoint=target, out_dir=out,
         baseline_endpoint=baseline,
         reference_path=reference, host_facts_path=host_facts, host=host, checks=checks, model_dir=model_dir,
-        roofline_inputs_path=roofline_inputs)
+        roofline_inputs_path=roofline_inputs, deadline_s=deadline)
+    from b70ctl.checks.client import RunDeadlineExceeded
     from b70ctl.verify import Terminated
 
     try:
@@ -289,6 +297,11 @@ def verify(
         # 143 = 128 + SIGTERM, as a shell reports a process the signal ended; the report says "terminated".
         console.print(f"terminated: the report in {out} is marked partial (terminated)", highlight=False)
         raise typer.Exit(143) from None
+    except RunDeadlineExceeded as passed:
+        # 124, as timeout(1) reports a command it stopped at its deadline; the report says "deadline".
+        console.print(f"deadline: the run took longer than --deadline {passed.deadline_s:g} s: the report in {out} "
+                      "is marked partial (deadline)", highlight=False, soft_wrap=True)
+        raise typer.Exit(124) from None
     if as_json:
         from b70ctl.redact import redact
 

@@ -8,6 +8,7 @@ under-reports (docs/facts.md, Measuring). Requests always ask for `return_token_
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,6 +18,31 @@ import httpx
 
 Api = Literal["completions", "chat"]
 DEFAULT_MAX_ANSWER_BYTES = 64 * 2**20
+# The slowest decode a request is given time for: its total deadline is --timeout plus max_tokens at this rate. A
+# B70 decodes tens of tokens per second and vLLM on two CPU cores ~60 (docs/facts.md); a server below 1 tok/s,
+# or one that trickles bytes or sends `: ping` comments and no token, is not serving the request.
+FLOOR_DECODE_TOK_S = 1.0
+
+
+def request_deadline_s(timeout_s: float, max_tokens: int | None) -> float:
+    """Seconds one request may take in all: the stall limit, plus max_tokens at the floor rate."""
+    return timeout_s + (max_tokens or 0) / FLOOR_DECODE_TOK_S
+
+
+class RunDeadlineExceeded(Exception):  # noqa: N818 - named like Terminated, which it ends the run as
+    """The run's --deadline passed: the run ends with the report marked partial, naming the deadline."""
+
+    def __init__(self, deadline_s: float):
+        super().__init__(f"the run's deadline of {deadline_s:g} s passed")
+        self.deadline_s = deadline_s
+
+
+class RequestDeadlineExceeded(Exception):  # noqa: N818
+    pass
+
+
+class MalformedEvent(Exception):  # noqa: N818
+    """A stream event that is not the OpenAI shape: the request is unusable, the run goes on."""
 
 
 class EndpointError(Exception):
@@ -94,6 +120,23 @@ class VllmClient:
             auth=httpx.BasicAuth(*endpoint.basic_auth) if endpoint.basic_auth and not endpoint.api_key else None,
         )
         self._model = endpoint.model
+        # time.monotonic() past which the run is over (verify --deadline); None: no run deadline.
+        self.run_deadline_at: float | None = None
+        self.run_deadline_s: float = math.inf
+
+    def _deadline_at(self, max_tokens: int | None) -> float:
+        """When this request must have ended: its own deadline, or the run's when that comes first."""
+        own = time.monotonic() + request_deadline_s(self.endpoint.timeout_s, max_tokens)
+        return own if self.run_deadline_at is None else min(own, self.run_deadline_at)
+
+    def _check_deadline(self, deadline_at: float, what: str) -> None:
+        if time.monotonic() < deadline_at:
+            return
+        if self.run_deadline_at is not None and deadline_at >= self.run_deadline_at:
+            raise RunDeadlineExceeded(self.run_deadline_s)
+        raise RequestDeadlineExceeded(f"{what} took longer than its deadline (--timeout {self.endpoint.timeout_s:g} "
+                                      f"s plus max_tokens at {FLOOR_DECODE_TOK_S:g} tok/s): the server trickles "
+                                      "or never ends the answer")
 
     def close(self) -> None:
         self._http.close()
@@ -106,30 +149,37 @@ class VllmClient:
 
     # -- plain requests -------------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One plain request, its answer read up to the endpoint's byte limit."""
+        """One plain request, its answer read up to the endpoint's byte limit and within its deadline."""
+        body = kwargs.get("json")
+        max_tokens = body.get("max_tokens") if isinstance(body, dict) else None
+        deadline_at = self._deadline_at(max_tokens if isinstance(max_tokens, int) else None)
+        self._check_deadline(deadline_at, f"{method} {path}")
         try:
             with self._http.stream(method, path, **kwargs) as response:
-                content = b"".join(self._capped(response.iter_bytes()))
+                content = b"".join(self._capped(response.iter_bytes(), deadline_at, f"{method} {path}"))
                 return httpx.Response(response.status_code, headers=response.headers, content=content,
                                       request=response.request)
-        except AnswerTooLarge as error:
+        except (AnswerTooLarge, RequestDeadlineExceeded) as error:
             raise EndpointError(f"{method} {path}: {error}") from error
         except httpx.HTTPError as error:
             raise EndpointError(f"{method} {path}: {_describe(error)}") from error
 
-    def _capped(self, parts: Iterator[bytes]) -> Iterator[bytes]:
+    def _capped(self, parts: Iterator[bytes], deadline_at: float = math.inf, what: str = "the answer"
+                ) -> Iterator[bytes]:
         limit, received = self.endpoint.max_answer_bytes, 0
         for part in parts:
+            self._check_deadline(deadline_at, what)  # a byte every few seconds never trips --timeout
             received += len(part)
             if received > limit:
                 raise AnswerTooLarge(f"the answer is larger than {limit / 2**20:g} MiB: read no further "
                                      "(--max-answer-mb raises the limit)")
             yield part
 
-    def _lines(self, response: httpx.Response) -> Iterator[str]:
-        """The answer's lines as they arrive, within the byte limit (a line never grows past it either)."""
+    def _lines(self, response: httpx.Response, deadline_at: float = math.inf) -> Iterator[str]:
+        """The answer's lines as they arrive, within the byte limit (a line never grows past it either) and the
+        deadline (comment lines such as `: ping` count toward it)."""
         pending = bytearray()
-        for part in self._capped(response.iter_bytes()):
+        for part in self._capped(response.iter_bytes(), deadline_at, "the stream"):
             pending += part
             *lines, rest = bytes(pending).split(b"\n")
             pending = bytearray(rest)
@@ -147,9 +197,14 @@ class VllmClient:
             raise EndpointError(f"POST {path}: HTTP {response.status_code}: {_error_text(response)}",
                                 response.status_code)
         try:
-            return response.json()
+            answer = response.json()
         except json.JSONDecodeError as error:
             raise EndpointError(f"POST {path}: answer is not JSON") from error
+        except (RecursionError, ValueError) as error:  # nested too deep, a 5,000-digit integer
+            raise EndpointError(f"POST {path}: the answer holds {_json_problem(error)}", 200) from error
+        if not isinstance(answer, dict):
+            raise EndpointError(f"POST {path}: the answer is a JSON {type(answer).__name__}, not an object", 200)
+        return answer
 
     @property
     def model(self) -> str:
@@ -172,6 +227,9 @@ class VllmClient:
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             kind = response.headers.get("content-type", "no content type").split(";")[0]
             raise EndpointError(f"GET /v1/models: the answer is not JSON ({kind}), {not_vllm}", 200) from error
+        except (RecursionError, ValueError) as error:
+            raise EndpointError(f"GET /v1/models: the answer holds {_json_problem(error)}, {not_vllm}", 200) \
+                from error
         data = answer.get("data") if isinstance(answer, dict) else None
         if not isinstance(answer, dict):
             raise EndpointError(f"GET /v1/models: the answer is a JSON {type(answer).__name__}, {not_vllm}", 200)
@@ -238,6 +296,8 @@ class VllmClient:
         path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
         body = self.request_body(api, prompt, max_tokens, temperature, ignore_eos, stream=True)
         result = StreamResult()
+        deadline_at = self._deadline_at(max_tokens)
+        self._check_deadline(deadline_at, "the stream")
         start = time.perf_counter()
         try:
             with self._http.stream("POST", path, json=body) as response:
@@ -250,7 +310,7 @@ class VllmClient:
                                             request=response.request)
                     result.error = f"HTTP {response.status_code}: {_error_text(answer)}"
                     return result
-                for line in self._lines(response):
+                for line in self._lines(response, deadline_at):
                     now = time.perf_counter() - start
                     if not line.startswith("data:"):
                         continue
@@ -258,36 +318,75 @@ class VllmClient:
                     if payload == "[DONE]":
                         result.done = True
                         break
-                    _ingest(result, json.loads(payload), now)
+                    _ingest(result, json.loads(payload, parse_constant=_no_constant), now)
         except AnswerTooLarge as error:
             result.error = f"stream cut: {error}"
+        except RequestDeadlineExceeded as error:
+            result.error = f"stream cut: {error}"
+        except MalformedEvent as error:
+            result.error = f"malformed stream event: {error}: the request is unusable"
+        except json.JSONDecodeError:
+            result.error = "stream cut: a chunk was not valid JSON"
+        except (RecursionError, ValueError) as error:  # nesting deeper than Python parses, a 5,000-digit number
+            result.error = f"malformed stream event: {_json_problem(error)}: the request is unusable"
         except httpx.ReadTimeout:
             result.error = f"stream stalled: no data for {self.endpoint.timeout_s:g} s"
         except httpx.HTTPError as error:
             result.error = f"stream cut: {_describe(error)}"
-        except json.JSONDecodeError:
-            result.error = "stream cut: a chunk was not valid JSON"
         if result.error is None and not result.done:
             result.error = "stream ended without [DONE]"
         return result
 
 
-def _ingest(result: StreamResult, event: dict[str, Any], t_s: float) -> None:
-    if event.get("usage"):
-        result.usage = event["usage"]
-    if "error" in event and not event.get("choices"):
-        result.error = f"server error in stream: {event['error']}"
+def _no_constant(name: str) -> float:
+    raise MalformedEvent(f"a {name} where a number belongs")
+
+
+def _json_problem(error: Exception) -> str:
+    if isinstance(error, RecursionError):
+        return "JSON nested deeper than can be read"
+    return f"a value that cannot be read ({str(error).split(':')[0][:80]})"
+
+
+def _ingest(result: StreamResult, event: Any, t_s: float) -> None:
+    """One event into the result; MalformedEvent for an event that is not the OpenAI shape."""
+    if not isinstance(event, dict):
+        raise MalformedEvent(f"a JSON {type(event).__name__}, not an object")
+    choices = event.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        raise MalformedEvent(f"choices is a JSON {type(choices).__name__}, not a list")
+    usage = event.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise MalformedEvent(f"usage is a JSON {type(usage).__name__}, not an object")
+    if usage:
+        for key in ("prompt_tokens", "completion_tokens"):
+            count = usage.get(key)
+            if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+                raise MalformedEvent(f"usage.{key} is {str(count)[:40]!r}, not a count of tokens")
+        result.usage = usage
+    if "error" in event and not choices:
+        result.error = f"server error in stream: {str(event['error'])[:200]}"
         return
-    for choice in event.get("choices") or []:
-        token_ids = list(choice.get("token_ids") or [])
+    for choice in choices or []:
+        if not isinstance(choice, dict):
+            raise MalformedEvent(f"a choice is a JSON {type(choice).__name__}, not an object")
+        raw_ids = choice.get("token_ids") or []
+        if not isinstance(raw_ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in raw_ids):
+            raise MalformedEvent("token_ids is not a list of integers")
+        token_ids = list(raw_ids)
         delta = choice.get("delta")
         text = (delta.get("content") or "") if isinstance(delta, dict) else (choice.get("text") or "")
+        if not isinstance(text, str):
+            raise MalformedEvent(f"the text is a JSON {type(text).__name__}, not a string")
         if token_ids or text:
             result.chunks.append(Chunk(t_s=t_s, token_ids=token_ids, text=text))
         if choice.get("finish_reason"):
-            result.finish_reason = choice["finish_reason"]
-    if event.get("prompt_token_ids") and result.prompt_token_ids is None:
-        result.prompt_token_ids = list(event["prompt_token_ids"])
+            result.finish_reason = str(choice["finish_reason"])[:80]
+    prompt_ids = event.get("prompt_token_ids")
+    if prompt_ids and result.prompt_token_ids is None:
+        if not isinstance(prompt_ids, list):
+            raise MalformedEvent("prompt_token_ids is not a list")
+        result.prompt_token_ids = list(prompt_ids)
 
 
 def _describe(error: httpx.HTTPError) -> str:
@@ -307,5 +406,5 @@ def _error_text(response: httpx.Response) -> str:
         if isinstance(message, dict):
             message = message.get("message", message)
         return str(message)[:200]
-    except (json.JSONDecodeError, AttributeError):
+    except (ValueError, RecursionError, AttributeError):  # not JSON, nested too deep, a 5,000-digit number
         return response.text[:200]

@@ -25,6 +25,7 @@ STEP (a step can emit several tokens under speculation), so it counts steps, not
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -76,6 +77,8 @@ class MetricsSnapshot:
     histograms: dict[str, tuple[float, float]] = field(default_factory=dict)
     prompt_tokens_cached: float | None = None
     prefix_cache_hits: float | None = None
+    # Series we use whose value was NaN or infinite: left out as unusable (None), named here.
+    non_finite: tuple[str, ...] = ()
 
     @property
     def has_request_timing(self) -> bool:
@@ -114,6 +117,10 @@ def parse_metrics(text: str, model_name: str | None = None) -> MetricsSnapshot:
     ours = [s for s in samples if s.name in wanted]
     if model_name is not None and any(s.labels.get("model_name") == model_name for s in ours):
         ours = [s for s in ours if s.labels.get("model_name") in (model_name, None)]
+    # A NaN or infinite counter is no count: the counter is unusable (None), not a figure to subtract and judge.
+    non_finite = tuple(dict.fromkeys(s.name for s in ours if not math.isfinite(s.value)))
+    unusable = set(non_finite)
+    ours = [s for s in ours if s.name not in unusable]
     totals: dict[str, float] = {}
     per_position: dict[int, float] = {}
     histograms: dict[str, list[float]] = {}
@@ -140,7 +147,14 @@ def parse_metrics(text: str, model_name: str | None = None) -> MetricsSnapshot:
         histograms={name: (pair[0], pair[1]) for name, pair in histograms.items()},
         prompt_tokens_cached=totals.get(PROMPT_TOKENS_CACHED),
         prefix_cache_hits=totals.get(PREFIX_CACHE_HITS),
+        non_finite=non_finite,
     )
+
+
+def missing_generation_tokens(result: MetricsSnapshot) -> str:
+    if GENERATION_TOKENS in result.non_finite:
+        return f"/metrics gives {GENERATION_TOKENS} as NaN or infinite: the counter is unusable"
+    return f"/metrics has no {GENERATION_TOKENS}: not a vLLM server, or its stats are off"
 
 
 def snapshot(client: VllmClient, model_name: str | None = None) -> MetricsSnapshot:
@@ -151,7 +165,7 @@ def snapshot(client: VllmClient, model_name: str | None = None) -> MetricsSnapsh
         raise MetricsUnavailable(error.reason) from error
     result = parse_metrics(text, model_name)
     if result.generation_tokens is None:
-        raise MetricsUnavailable(f"/metrics has no {GENERATION_TOKENS}: not a vLLM server, or its stats are off")
+        raise MetricsUnavailable(missing_generation_tokens(result))
     return result
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from b70ctl.checks.client import EndpointError, VllmClient
-from b70ctl.checks.metrics import MetricsUnavailable, parse_metrics, snapshot
+from b70ctl.checks.metrics import MetricsUnavailable, missing_generation_tokens, parse_metrics, snapshot
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import SmokeResult, SubCheck
 
@@ -121,7 +121,10 @@ def _metrics(client: VllmClient, recipe: Recipe) -> dict[str, Any]:
     except MetricsUnavailable as unavailable:
         raise SubCheckFailed(unavailable.reason) from unavailable
     if snapshot.generation_tokens is None:
-        raise SubCheckFailed("/metrics has no vllm:generation_tokens_total: not a vLLM server, or stats are off")
+        raise SubCheckFailed(missing_generation_tokens(snapshot))
+    if snapshot.non_finite:
+        raise SubCheckFailed(f"/metrics gives {', '.join(snapshot.non_finite)} as NaN or infinite: those counters "
+                             "are unusable")
     if recipe.serve.speculative is not None and not snapshot.has_spec_decode:
         raise SubCheckFailed(f"the recipe speculates ({recipe.serve.speculative.method}) but /metrics has no "
                              "vllm:spec_decode_* counters: the server runs without speculation")

@@ -48,6 +48,7 @@ from b70ctl.report.model import (
     BenchKeys,
     EngineTiming,
     Percentiles,
+    Report,
     RequestSample,
     SpecDecodeStats,
     Summary,
@@ -63,6 +64,16 @@ DEFAULT_PROMPT_SEED = "The quick brown fox jumps over the lazy dog while the ser
 # A one-token prompt takes the path of the BF16 ESIMD decode crash (docs/facts.md, Known failures): the smoke check
 # probes it on purpose; a throughput workload must not measure it by accident.
 MIN_PROMPT_TOKENS = 2
+
+
+# An engine figure past these is not a measurement. The roofline (report/roofline.py) is already an upper bound
+# (the drafter's reads are left out); the margin covers a bandwidth input measured low (a copy benchmark, not the
+# peak read rate). Per step at most k+1 tokens come out: every draft accepted plus the bonus token.
+ROOFLINE_MARGIN = 3.0
+# Tokens cannot reach the client faster than... they can, in a burst (docs/facts.md, Delivery can lie). The
+# opposite cannot: an engine that claims to decode ten times faster than the tokens ever arrived, on most requests,
+# is reporting a clock, not a decode.
+CLIENT_CONTRADICTION_FACTOR = 10.0
 
 
 class WorkloadFailed(Exception):
@@ -88,6 +99,55 @@ def run_throughput(client: VllmClient, recipe: Recipe, raw_dir: Path, progress: 
         w.error is None and w.requests and w.token_count_mismatches == 0 for w in workloads
     )
     return ThroughputResult(passed=passed, workloads=workloads)
+
+
+def reject_impossible_engine_figures(report: Report, recipe: Recipe) -> None:
+    """Marks unmeasurable (error set: its claims are then not measured, the check fails) every workload whose
+    engine figures are physically impossible: a request decoding above the host's bandwidth bound, most requests'
+    engine rate contradicted by the client by more than an order of magnitude, or more tokens per draft step than
+    a step can yield."""
+    from b70ctl.report.roofline import bandwidth_input, kv_input, memory_domains, weight_input, workload_roofline
+
+    if report.throughput is None:
+        return
+    spec = recipe.serve.speculative
+    tokens_per_step = spec.num_speculative_tokens + 1 if spec is not None else 1
+    # The bound at one token per step, scaled to the most a step can yield: the counters' acceptance length is
+    # one of the figures on trial, so it cannot set the bound.
+    plain = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"speculative": None})})
+    domains = memory_domains(recipe)
+    inputs = (bandwidth_input(recipe, report), weight_input(report, domains), kv_input(recipe, report, domains))
+    for result in report.throughput.workloads:
+        if result.error is not None:
+            continue
+        reason = None
+        bound = workload_roofline(result, plain, report.environment.target_shape, domains, *inputs).bound_tok_s
+        engine_rates = [(index, sample.engine.decode_tok_s) for index, sample in enumerate(result.requests, 1)
+                        if sample.engine is not None and sample.engine.decode_tok_s is not None]
+        if bound is not None:
+            limit = bound * tokens_per_step * ROOFLINE_MARGIN
+            over = [(index, rate) for index, rate in engine_rates if rate > limit]
+            if over:
+                index, rate = over[0]
+                reason = (f"request {index}'s engine decode rate {rate:.4g} tok/s is above {ROOFLINE_MARGIN:g}x the "
+                          f"host's bandwidth bound ({bound * tokens_per_step:.4g} tok/s at {tokens_per_step} "
+                          f"token(s) per step; {len(over)} of {len(engine_rates)} requests)")
+        compared = [(sample.engine.decode_tok_s, sample.client_decode_tok_s) for sample in result.requests
+                    if sample.engine is not None and sample.engine.decode_tok_s and sample.client_decode_tok_s]
+        contradicted = [engine / client for engine, client in compared
+                        if engine > client * CLIENT_CONTRADICTION_FACTOR]
+        if reason is None and compared and len(contradicted) * 2 > len(compared):
+            reason = (f"the engine's decode rate is more than {CLIENT_CONTRADICTION_FACTOR:g}x what the client saw "
+                      f"arrive on {len(contradicted)} of {len(compared)} requests (up to {max(contradicted):.3g}x): "
+                      "the engine's clock is not a measurement")
+        stats = result.spec_decode
+        if reason is None and spec is not None and stats is not None and not stats.polluted \
+                and stats.mean_acceptance_length is not None and stats.mean_acceptance_length > tokens_per_step:
+            reason = (f"the spec-decode counters give {stats.mean_acceptance_length:.4g} tokens per draft step, more "
+                      f"than the {tokens_per_step} a step of k={spec.num_speculative_tokens} can yield")
+        if reason is not None:
+            result.error = f"unmeasurable: {reason}"
+            report.throughput.passed = False
 
 
 def synthesize_prompt_token_ids(client: VllmClient, token_count: int, seed_text: str,
@@ -159,6 +219,7 @@ def _run_workload(client: VllmClient, workload: Workload, raw_dir: Path, report:
         decode_rates: list[float] = []
         for index in range(workload.max_requests):
             prompt = prompt_for(index)
+            report(f"{workload.name}: request {index + 1}/{workload.max_requests}")
             stream = _stream(client, workload, prompt)
             after: MetricsSnapshot | None = None
             if before is not None:

@@ -24,7 +24,7 @@ def describe_bound(claim: Claim) -> str:
     return f"{claim.op} {claim.value:g}{tolerance}"
 
 
-def judge(claim: Claim, measurements: Measurements) -> ClaimVerdict:
+def judge(claim: Claim, measurements: Measurements, unmeasurable: dict[str, str] | None = None) -> ClaimVerdict:
     """met / not_met / not_measured, with the figure and the reason. The tolerance widens the bound in the
     measurement's favour: a replication on another host is not expected to hit the published figure exactly."""
     measured = measurements.get(claim.metric)
@@ -39,7 +39,10 @@ def judge(claim: Claim, measurements: Measurements) -> ClaimVerdict:
     base = {"claim_id": claim.id, "description": claim.description, "metric": metric,
             "bound": describe_bound(claim), "source": claim.source, "url": claim.url, "measured": measured}
     if measured is None:
-        return ClaimVerdict(verdict="not_measured", reason=f"no measurement {missing} in this run", **base)
+        # A figure of a step that could not measure it (a failed or unmeasurable workload) says why.
+        why = next((f"{prefix}: {reason}" for prefix, reason in (unmeasurable or {}).items()
+                    if missing is not None and missing.startswith(f"{prefix}.")), None)
+        return ClaimVerdict(verdict="not_measured", reason=why or f"no measurement {missing} in this run", **base)
     figures = measured if isinstance(measured, list) else [measured]
     if not all(math.isfinite(float(figure)) for figure in figures):
         return ClaimVerdict(verdict="not_measured", reason=f"{metric} is not a finite number (a NaN or infinite "
@@ -77,5 +80,7 @@ def judge(claim: Claim, measurements: Measurements) -> ClaimVerdict:
     return ClaimVerdict(verdict="met" if ok else "not_met", reason=None if ok else reason, **base)
 
 
-def judge_all(claims: list[Claim], measurements: Measurements) -> list[ClaimVerdict]:
-    return [judge(claim, measurements) for claim in claims]
+def judge_all(claims: list[Claim], measurements: Measurements,
+              unmeasurable: dict[str, str] | None = None) -> list[ClaimVerdict]:
+    """`unmeasurable` maps a metric prefix (throughput.<workload>) to why none of its figures was measured."""
+    return [judge(claim, measurements, unmeasurable) for claim in claims]
