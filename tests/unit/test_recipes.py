@@ -83,3 +83,107 @@ def test_claim_sources_survive_yaml_and_a_source_cut_at_a_comment_is_refused(tmp
     claim = shipped.claims[0].model_dump() | {"source": cut}
     with pytest.raises(ValueError, match="ends mid-reference: quote it in the YAML"):
         Claim.model_validate(claim)
+
+
+# vllm-project/vllm PR #41834 (https://github.com/vllm-project/vllm/pull/41834), as docs/facts.md reports it:
+# "num_speculative_tokens above the drafter's block size collapses acceptance (k=7 on a block-5 drafter: 4.4%,
+# k=5: 34.7%)". The shipped DSpark drafter's config.json has block_size 7 (docs/facts.md, Drafter shape).
+def test_k_above_the_drafters_block_size_is_refused(tmp_path):
+    def edit(data):
+        data["drafter"]["block_size"] = 5
+        data["serve"]["speculative"]["num_speculative_tokens"] = 7
+        data.pop("tune")
+    with pytest.raises(BadInput) as error:
+        load_recipe_file(_variant(tmp_path, "dspark-int4-tp1", edit))
+    text = str(error.value)
+    assert "num_speculative_tokens 7 is above the drafter's block_size 5" in text
+    assert "set num_speculative_tokens <= 5" in text and "\n" not in text
+
+
+# vllm-project/vllm #50708 (https://github.com/vllm-project/vllm/issues/50708): "vllm/config/vllm.py:1689,
+# _set_max_num_scheduled_tokens, computes max_num_batched_tokens - (max_num_new_slots_for_drafting *
+# max_num_seqs)", and for DFlash the slots per request are "exactly num_speculative_tokens"; the start fails with
+# "max_num_scheduled_tokens is set to -1792, which does not allow any tokens to be scheduled".
+@pytest.mark.parametrize(("batched", "seqs", "k", "left"), [(64, 16, 4, 0), (2048, 256, 15, -1792), (48, 16, 4, -16)])
+def test_a_dflash_step_budget_of_no_token_is_refused(tmp_path, batched, seqs, k, left):
+    def edit(data):
+        data["serve"].update(max_num_batched_tokens=batched, max_num_seqs=seqs)
+        data["serve"]["speculative"]["num_speculative_tokens"] = k
+        data["drafter"].pop("block_size")
+        data.pop("tune")
+    with pytest.raises(BadInput) as error:
+        load_recipe_file(_variant(tmp_path, "pr620-fp8-tp2", edit))
+    text = str(error.value)
+    assert f"max_num_batched_tokens {batched} - num_speculative_tokens {k} x max_num_seqs {seqs} = {left}" in text
+    assert f"raise max_num_batched_tokens above {k * seqs}" in text and "\n" not in text
+
+
+def test_one_token_left_in_the_step_is_accepted(tmp_path):
+    # 65 - 4 x 16 = 1: one token can still be scheduled, which vLLM allows (#50708 refuses "no tokens").
+    def edit(data):
+        data["serve"].update(max_num_batched_tokens=65, max_num_seqs=16)
+        data.pop("tune")
+    assert load_recipe_file(_variant(tmp_path, "pr620-fp8-tp2", edit)).serve.max_num_seqs == 16
+
+
+def test_tune_never_proposes_a_candidate_without_a_step_budget(tmp_path):
+    # dspark-int4-tp1 serves max_num_seqs 16 and tunes k up to 7: 64 batched tokens leave 64 - 7 x 16 < 1.
+    def edit(data):
+        data["tune"]["max_num_batched_tokens"] = [64, 4096]
+    with pytest.raises(BadInput) as error:
+        load_recipe_file(_variant(tmp_path, "dspark-int4-tp1", edit))
+    assert "tune: the candidate" in str(error.value) and "max_num_batched_tokens 64" in str(error.value)
+
+
+def test_tune_never_proposes_k_above_the_block(tmp_path):
+    def edit(data):
+        data["tune"]["num_speculative_tokens"] = {"low": 4, "high": 8}
+    with pytest.raises(BadInput) as error:
+        load_recipe_file(_variant(tmp_path, "dspark-int4-tp1", edit))
+    assert "num_speculative_tokens=8" in str(error.value) and "block_size 7" in str(error.value)
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("VLLM_LOGGING_LEVEL", "INFO\nLD_PRELOAD=/tmp/x.so", "line break or control character"),
+    ("VLLM_LOGGING_LEVEL", "INFO\r", "line break or control character"),
+    ("BAD NAME", "1", "not an environment variable name"),
+    ("1ST", "1", "not an environment variable name"),
+])
+def test_serve_env_that_would_add_env_file_lines_is_refused(tmp_path, name, value, message):
+    # Each serve.env entry becomes one NAME=VALUE line of the unit's docker env-file: a line break is a new entry.
+    path = _variant(tmp_path, "pr620-fp8-tp2", lambda d: d["serve"].update(env={name: value}))
+    with pytest.raises(BadInput) as error:
+        load_recipe_file(path)
+    text = str(error.value)
+    assert "serve.env" in text and message in text and "\n" not in text
+    assert "LD_PRELOAD" not in text
+
+
+def test_serve_env_and_the_env_flag_share_one_rule():
+    from b70ctl.serve.cli import _env_pairs
+
+    with pytest.raises(BadInput) as error:
+        _env_pairs(["A=1\nB=2"])
+    assert str(error.value) == "--env A: the value holds a line break or control character: give one line"
+
+
+def test_a_duplicate_key_in_a_recipe_file_is_refused_with_its_line(tmp_path):
+    text = recipe_path("pr620-fp8-tp2").read_text()
+    assert text.count("\nname: ") == 1
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text.replace("\nname: ", "\nname: shadowed\nname: ", 1))
+    line = path.read_text().splitlines().index("name: shadowed") + 1
+    with pytest.raises(BadInput) as error:
+        load_recipe_file(path)
+    message = str(error.value)
+    assert f"key 'name' on line {line + 1} is given already on line {line}" in message
+    assert "\n" not in message
+
+
+def test_a_duplicate_nested_key_is_refused(tmp_path):
+    text = recipe_path("pr620-fp8-tp2").read_text()
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text.replace("  max_num_seqs: 1\n", "  max_num_seqs: 1\n  max_num_seqs: 64\n", 1))
+    with pytest.raises(BadInput) as error:
+        load_recipe_file(path)
+    assert "key 'max_num_seqs'" in str(error.value)

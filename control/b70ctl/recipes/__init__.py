@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.recipes.model import Claim, Recipe, Workload
+from b70ctl.recipes.model import Claim, Recipe, Workload, load_yaml_unique
 
 __all__ = ["Claim", "Recipe", "Workload", "load_recipe", "load_recipe_file", "recipe_names", "recipe_path"]
 
@@ -44,7 +44,7 @@ def load_recipe_file(path: Path) -> Recipe:
         if status.st_size > MAX_RECIPE_BYTES:
             raise BadInput(f"recipe file {path}: {status.st_size} bytes, larger than a recipe can be "
                            f"({MAX_RECIPE_BYTES} bytes): give the path of a recipe YAML file")
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        data = load_yaml_unique(path.read_bytes().decode("utf-8"), f"recipe file {path}")
     except UnicodeDecodeError as error:
         raise BadInput(f"recipe file {path}: not UTF-8 text (byte {error.start}): save it as UTF-8") from error
     except OSError as error:

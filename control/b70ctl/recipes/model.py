@@ -10,13 +10,64 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from b70ctl.errors import first_problem
+from b70ctl.errors import BadInput, first_problem
 from b70ctl.models.tiny import TinySpec
 from b70ctl.versions import version_at_least
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Methods that draft a whole block in one pass (parallel drafting): vLLM reserves k slots per request of a step.
+PARALLEL_DRAFTING = ("dflash", "dspark")
+
+
+def env_problem(name: str, value: str) -> str | None:
+    """What is wrong with one environment entry, or None. One rule for serve.env, --env and tuned settings: each
+    entry becomes one NAME=VALUE line of the unit's docker env-file, so a line break would add lines of its own."""
+    if not ENV_NAME.fullmatch(name):
+        return f"{name!r}: not an environment variable name (letters, digits, _; not first a digit): fix the name"
+    if any(ord(character) < 32 or ord(character) == 127 for character in value):
+        return f"{name}: the value holds a line break or control character: give one line"
+    return None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+
+class DuplicateKey(Exception):
+    pass
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        line = key_node.start_mark.line + 1
+        try:
+            first = seen.setdefault(key, line)
+        except TypeError:
+            continue  # an unhashable key: construct_mapping refuses it with its own error
+        if first != line:
+            raise DuplicateKey(f"key {key!r} on line {line} is given already on line {first}: keep one (YAML "
+                               "would silently keep the last)")
+    return loader.construct_mapping(node, deep=deep)  # type: ignore[no-untyped-call]
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_yaml_unique(text: str, what: str) -> Any:
+    """YAML as yaml.safe_load reads it, except that a key given twice in one mapping is refused (BadInput naming
+    `what`, the key and both lines)."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except DuplicateKey as error:
+        raise BadInput(f"{what}: {error}") from None
 
 
 class Strict(BaseModel):
@@ -42,6 +93,9 @@ class ModelSpec(Strict):
         False, description="Target has GDN linear-attention layers (Qwen3.8): rules out adaptive verification"
     )
     needs_conversion: bool = Field(False, description="Drafter config must be converted for the pinned vLLM")
+    block_size: int | None = Field(
+        None, ge=1, description="Drafter: its config.json block_size (tokens drafted per pass); k above it is "
+                                "refused, and convert checks the downloaded config against it")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -115,6 +169,16 @@ class ServeSettings(Strict):
         "verifies k+1 tokens and never hits it): the target-only baseline is served FP16, or with "
         "DISABLE_ESIMD_PAGE_ATTN=1; the speculative server is left as it is",
     )
+
+
+    @field_validator("env")
+    @classmethod
+    def _env_lines(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            problem = env_problem(name, value)
+            if problem is not None:
+                raise ValueError(problem)
+        return env
 
 
 class HostRequirements(Strict):
@@ -415,6 +479,8 @@ class Recipe(Strict):
             )
         if spec is not None and spec.method != "ngram" and self.drafter is None:
             raise ValueError(f"speculative method {spec.method!r} needs a drafter")
+        if spec is not None and spec.method in PARALLEL_DRAFTING:
+            self._drafting_budget(spec)
         generated = [m for m in (self.target, self.drafter) if m is not None and m.generated]
         if generated and self.tiny is None:
             raise ValueError("generated models need a tiny section (the generator's spec)")
@@ -425,6 +491,23 @@ class Recipe(Strict):
         if len(claim_ids) != len(set(claim_ids)):
             raise ValueError("claim ids must be unique")
         return self
+
+    def _drafting_budget(self, spec: SpeculativeSettings) -> None:
+        """DFlash/DSpark draft a block of k per pass. k above the drafter's block size collapses acceptance (k=7 on
+        a block-5 drafter: 4.4%, vllm PR #41834); vLLM keeps k slots per request out of a step's token budget and
+        refuses the config when max_num_batched_tokens - k x max_num_seqs leaves no token to schedule (vllm
+        #50708; vllm/config/vllm.py _set_max_num_scheduled_tokens)."""
+        k = spec.num_speculative_tokens
+        block = self.drafter.block_size if self.drafter is not None else None
+        if block is not None and k > block:
+            raise ValueError(f"num_speculative_tokens {k} is above the drafter's block_size {block}: acceptance "
+                             f"collapses past the block (vllm PR #41834); set num_speculative_tokens <= {block}")
+        batched, seqs = self.serve.max_num_batched_tokens, self.serve.max_num_seqs
+        if batched is not None and seqs is not None and batched - k * seqs < 1:
+            raise ValueError(
+                f"max_num_batched_tokens {batched} - num_speculative_tokens {k} x max_num_seqs {seqs} = "
+                f"{batched - k * seqs}: vLLM {spec.method} keeps k slots per sequence and refuses a step with no "
+                f"token left (vllm #50708); raise max_num_batched_tokens above {k * seqs} or lower max_num_seqs or k")
 
     @model_validator(mode="after")
     def _tune_space(self) -> Recipe:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from pydantic import ValidationError
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.recipes import load_recipe
-from b70ctl.recipes.model import Recipe
+from b70ctl.recipes.model import Recipe, env_problem
 from b70ctl.serve.render import ServeContext, render_container
 
 app = typer.Typer(no_args_is_help=True, help="The vLLM serve command, rendered from recipe and host facts.")
@@ -39,11 +38,9 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise BadInput(f"--env {pair!r} is not NAME=VALUE: write it as --env NAME=VALUE")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise BadInput(f"--env {name!r}: not an environment variable name (letters, digits, _; not first a "
-                           "digit): fix the name")
-        if any(ord(character) < 32 or ord(character) == 127 for character in value):
-            raise BadInput(f"--env {name}: the value holds a line break or control character: give one line")
+        problem = env_problem(name, value)
+        if problem is not None:
+            raise BadInput(f"--env {problem}")
         env[name] = value
     return env
 
