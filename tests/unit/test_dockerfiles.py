@@ -37,6 +37,7 @@ from b70ctl.recipes import load_recipe, load_recipe_file
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((REPO / "images").glob("*/Dockerfile"))
 SERIES = REPO / "images" / "xpu-dspark-0.21" / "patches" / "series"
+ENTRYPOINT = REPO / "images" / "entrypoint.sh"
 DIGEST = "sha256:" + "ab" * 32
 
 
@@ -66,12 +67,14 @@ def test_dockerfile_parses_and_every_from_is_the_base_arg(dockerfile):
     assert set(labels) >= {LABEL_SERIES_SHA256, LABEL_VLLM_VERSION, LABEL_BASE_DIGEST}
 
 
-def test_xpu_images_source_setvars_before_exec():
+def test_xpu_images_run_the_shared_entrypoint():
     for name in ("xpu-dspark-0.21", "xpu-native"):
-        text = (REPO / "images" / name / "Dockerfile").read_text()
-        assert "source /opt/intel/oneapi/setvars.sh --force" in text
-        assert text.index("setvars.sh --force") < text.index("exec \"$@\"")
-        assert 'ENTRYPOINT ["/usr/local/bin/b70-entrypoint"]' in text
+        parser = DockerfileParser(path=str(REPO / "images" / name / "Dockerfile"))
+        values = [(item["instruction"], item["value"]) for item in parser.structure]
+        assert ("COPY", "entrypoint.sh /usr/local/bin/b70-entrypoint") in values
+        assert ("ENTRYPOINT", '["/usr/local/bin/b70-entrypoint"]') in values
+        # No inline script that requires a file the base may not have.
+        assert "setvars.sh" not in parser.content
 
 
 def test_cpu_image_runs_the_api_server_module():
@@ -109,10 +112,12 @@ def test_route_a_plan_pins_the_locked_digest_and_ships_exactly_the_series():
     assert plan.base_digest == DIGEST
     series = load_series(SERIES)
     assert plan.series_sha256 == series.series_sha256
-    expected = ["Dockerfile", "patches/series", *(f"patches/{entry.file}" for entry in series.entries)]
+    expected = ["Dockerfile", "entrypoint.sh", "patches/series",
+                *(f"patches/{entry.file}" for entry in series.entries)]
     assert plan.context_paths() == sorted(expected)
     with assembled_context(plan) as context:
         assert context_listing(context) == sorted(expected)
+        assert (context / "entrypoint.sh").read_bytes() == ENTRYPOINT.read_bytes()
         for entry in series.entries:
             assert (context / "patches" / entry.file).read_bytes() == (SERIES.parent / entry.file).read_bytes()
     # The tree the series is checked against, as the lock names it: pristine 0.21.0 + llm-scaler's multi-arc patch
@@ -134,7 +139,7 @@ def test_route_a_plan_pins_the_locked_digest_and_ships_exactly_the_series():
 def test_native_plan_has_no_patches():
     plan = plan_build(load_recipe("dspark-int4-tp1"), resolved_lock("dspark-int4-tp1"), REPO)
     assert plan.base_image == f"vllm/vllm-openai-xpu@{DIGEST}"
-    assert plan.context_paths() == ["Dockerfile"]
+    assert plan.context_paths() == ["Dockerfile", "entrypoint.sh"]
     assert plan.series_sha256 is None and plan.expected_labels()[LABEL_SERIES_SHA256] == ""
 
 
@@ -263,10 +268,12 @@ STAND_IN_DOCKERFILE = """\
 ARG DEBIAN
 FROM ${DEBIAN}
 # Stand-in for Intel's vLLM 0.21 XPU base: pristine vLLM 0.21.0 Python source with its distribution metadata, and
-# the oneAPI environment script the entrypoint sources. No GPU stack: only the patch step is exercised.
+# oneCCL's environment script where llm-scaler's runtime stage has it (no setvars.sh there). No GPU stack: only the
+# patch step is exercised.
 COPY vllm/ /usr/local/lib/python3.11/dist-packages/vllm/
 COPY vllm-0.21.0.dist-info/ /usr/local/lib/python3.11/dist-packages/vllm-0.21.0.dist-info/
-RUN mkdir -p /opt/intel/oneapi && printf 'export ONEAPI_ROOT=/opt/intel/oneapi\\n' > /opt/intel/oneapi/setvars.sh \\
+RUN mkdir -p /opt/intel/oneapi/ccl/2021.15/env && ln -s 2021.15 /opt/intel/oneapi/ccl/latest \\
+    && printf 'export CCL_ROOT=/opt/intel/oneapi/ccl/2021.15\\n' > /opt/intel/oneapi/ccl/2021.15/env/vars.sh \\
     && apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/*
 """
 
@@ -310,11 +317,11 @@ def test_route_a_build_on_a_local_base_applies_the_series(engine, built_images, 
     assert labels[LABEL_SERIES_SHA256] == series_sha256
     assert labels[LABEL_VLLM_VERSION] == "0.21.1.dev0"
     assert labels[LABEL_BASE_DIGEST] == base_id
-    # The patched source is what the image carries, and the entrypoint sources setvars before exec.
-    output = engine.containers.run(built["id"], ["bash", "-c", 'echo "$ONEAPI_ROOT"; grep -c "is_sample = is_query$" '
+    # The patched source is what the image carries, and the entrypoint sources oneCCL's vars.sh before exec.
+    output = engine.containers.run(built["id"], ["bash", "-c", 'echo "$CCL_ROOT"; grep -c "is_sample = is_query$" '
                                                  "/usr/local/lib/python3.11/dist-packages/vllm/v1/spec_decode/utils.py"],
                                    remove=True).decode()
-    assert output.split() == ["/opt/intel/oneapi", "1"]
+    assert output.split() == ["/opt/intel/oneapi/ccl/2021.15", "1"]
     monkeypatch.setattr(sys, "argv", ["b70ctl", "image", "inspect", built["id"], "--json"])
     with pytest.raises(SystemExit) as inspected:
         main()
