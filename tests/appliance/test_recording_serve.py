@@ -60,12 +60,17 @@ def build_stand_in(work_dir: Path) -> tuple[str, Path]:
 
 
 def make_dri_nodes(host: str) -> None:
-    """The card and render nodes the host's topology names, as the kernel numbers them."""
+    """The group's card and render nodes as the kernel numbers them, and the udev /dev/dri/by-path links the
+    topology names them by (group_devices: pci-<address>-card, -render)."""
     topology = json.loads(on(host).file("/etc/b70/topology.json").content_string)
+    by_address = {gpu["pci_address"]: gpu for gpu in topology["gpus"]}
     for node in topology["group_devices"]:
-        minor = int(re.search(r"(\d+)$", node).group(1))
+        address, kind = re.fullmatch(r"/dev/dri/by-path/pci-(.+)-(card|render)", node).groups()
+        name = by_address[address][kind]
+        minor = int(re.search(r"(\d+)$", name).group(1))
         subprocess.run(["docker", "exec", host, "sh", "-c",
-                        f"mkdir -p /dev/dri && {{ test -c {node} || mknod -m 0660 {node} c {DRM_MAJOR} {minor}; }}"],
+                        f"mkdir -p /dev/dri/by-path && {{ test -c /dev/dri/{name} || mknod -m 0660 /dev/dri/{name} c "
+                        f"{DRM_MAJOR} {minor}; }} && ln -sfn ../{name} {node}"],
                        check=True)
 
 

@@ -169,34 +169,47 @@ NO_P2P_PROFILE = [
     *(Fact("env", key, ABSENT, P2P_ENV + " (the P2P set: peer IPC between the cards)") for key in P2P_ONLY),
 ]
 
-# ---- the GPUs the server gets. Both fixture hosts have two B70s bound to xe, DRM nodes card0/renderD128 and
-# card1/renderD129 in PCI order; a TP=1 recipe gets the first card only.
-TWO_B70 = [
-    Fact("env", "ZE_AFFINITY_MASK", "0,1", ROUTE_A_ENV),
-    Fact("docker", "--device", ["/dev/dri/card0", "/dev/dri/renderD128", "/dev/dri/card1", "/dev/dri/renderD129"],
-         DOCKER),
-]
-FIRST_B70 = [
-    Fact("env", "ZE_AFFINITY_MASK", "0",
-         "not in docs/facts.md for TP=1: the topology's group, the first B70 (route a's mask is 0,1 for its two)"),
-    Fact("docker", "--device", ["/dev/dri/card0", "/dev/dri/renderD128"], DOCKER + " (the one GPU of TP=1)"),
-]
-# b70-igpu: the CPU's UHD 770 is card0/renderD128 (i915), the B70 card1/renderD129.
+# ---- the GPUs the server gets, by their /dev/dri/by-path names: DRM minor numbers follow probe order (docs/facts.md,
+# "Field reports": "simpledrm can take card0; B70s seen as card2/card3 ... llm-scaler maps GPUs through
+# /dev/dri/by-path"). The switch host's B70s are 0000:05:00.0 and 0000:09:00.0, the root-port host's 0000:03:00.0
+# and 0000:06:00.0 (tests/fixtures/sysfs.py); a TP=1 recipe gets the first card only.
+def by_path(*addresses: str) -> list[str]:
+    return [f"/dev/dri/by-path/pci-{address}-{kind}" for address in addresses for kind in ("card", "render")]
+
+
+def two_b70(*addresses: str) -> list[Fact]:
+    return [Fact("env", "ZE_AFFINITY_MASK", "0,1", ROUTE_A_ENV),
+            Fact("docker", "--device", by_path(*addresses), DOCKER)]
+
+
+def first_b70(address: str) -> list[Fact]:
+    return [Fact("env", "ZE_AFFINITY_MASK", "0",
+                 "not in docs/facts.md for TP=1: the topology's group, the first B70 (route a's mask is 0,1 for "
+                 "its two)"),
+            Fact("docker", "--device", by_path(address), DOCKER + " (the one GPU of TP=1)")]
+
+
+# b70-igpu: the CPU's UHD 770 is card0/renderD128 (i915), the B70 (0000:03:00.0) card1/renderD129.
 B70_BESIDE_AN_IGPU = [
     Fact("env", "ZE_AFFINITY_MASK", "0", "the container sees only the B70, Level Zero device 0"),
-    Fact("docker", "--device", ["/dev/dri/card1", "/dev/dri/renderD129"],
+    Fact("docker", "--device", by_path("0000:03:00.0"),
          DOCKER + "; Hardware: Arc Pro B70 = Battlemage G31, PCI id 8086:e223 (the iGPU is not one)"),
 ]
+TWO_B70 = two_b70("0000:05:00.0", "0000:09:00.0")
+FIRST_B70 = first_b70("0000:05:00.0")
 
-# (recipe, fixture host, expected oneCCL profile, every fact of that render)
+# (recipe, fixture host, expected oneCCL profile, every fact of that render). No fixture host proves P2P (no probe
+# opened peer memory), so TP=2 gets the no-p2p set even on the switch host the kernel's P2PDMA allows (docs/facts.md,
+# "Field reports": "The kernel's P2PDMA rule alone does not predict oneCCL's IPC path").
 CASES = [
-    ("pr620-fp8-tp2", "b70x2-switch", "p2p", CONTEXT_FLAGS + ROUTE_A + CONTAINER + P2P_PROFILE + TWO_B70),
-    ("pr620-fp8-tp2", "b70x2-root-ports", "no-p2p", CONTEXT_FLAGS + ROUTE_A + CONTAINER + NO_P2P_PROFILE + TWO_B70),
+    ("pr620-fp8-tp2", "b70x2-switch", "no-p2p", CONTEXT_FLAGS + ROUTE_A + CONTAINER + NO_P2P_PROFILE + TWO_B70),
+    ("pr620-fp8-tp2", "b70x2-root-ports", "no-p2p",
+     CONTEXT_FLAGS + ROUTE_A + CONTAINER + NO_P2P_PROFILE + two_b70("0000:03:00.0", "0000:06:00.0")),
     # TP=1 has no peer traffic: topology.py picks the no-p2p set whatever the PCIe tree (harmless, docs/facts.md has no
     # TP=1 oneCCL set); the P2P host's switch must not turn on P2P for it.
     ("dspark-int4-tp1", "b70x2-switch", "no-p2p", CONTEXT_FLAGS + ROUTE_B + CONTAINER + NO_P2P_PROFILE + FIRST_B70),
     ("dspark-int4-tp1", "b70x2-root-ports", "no-p2p",
-     CONTEXT_FLAGS + ROUTE_B + CONTAINER + NO_P2P_PROFILE + FIRST_B70),
+     CONTEXT_FLAGS + ROUTE_B + CONTAINER + NO_P2P_PROFILE + first_b70("0000:03:00.0")),
     ("dspark-int4-tp1", "b70-igpu", "no-p2p",
      CONTEXT_FLAGS + ROUTE_B + CONTAINER + NO_P2P_PROFILE + B70_BESIDE_AN_IGPU),
 ]
@@ -277,14 +290,14 @@ def test_serve_command_matches_facts(tmp_path: Path, recipe_name: str, scenario:
 
     # Every device node is a B70's: the fixture's /dev/dri/by-path link of a function with PCI id 8086:e223
     # (docs/facts.md, Hardware: "Arc Pro B70 = Battlemage G31, PCI id 8086:e223 ... on-board PCIe bridge 8086:e2f0: not
-    # a GPU"), and each card comes with both its cardN and renderDN.
-    by_path = Path(root) / "dev/dri/by-path"
-    owner = {os.path.normpath(by_path / os.readlink(link)): link.name for link in by_path.iterdir()}
+    # a GPU"), and each card comes with both its card and render node, named by path.
+    links = Path(root) / "dev/dri/by-path"
     devices = seen["docker"]["--device"]
     addresses = set()
     for node in devices:
-        link = owner[os.path.normpath(Path(root) / node.lstrip("/"))]
-        address, kind = link[len("pci-"):].rsplit("-", 1)
+        link = links / Path(node).name
+        assert Path(node).parent == Path("/dev/dri/by-path") and link.is_symlink(), node
+        address, kind = link.name[len("pci-"):].rsplit("-", 1)
         addresses.add(address)
         pci = Path(root) / "sys/bus/pci/devices" / address
         assert ((pci / "vendor").read_text().strip(), (pci / "device").read_text().strip()) == ("0x8086", "0xe223")

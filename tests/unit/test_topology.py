@@ -24,17 +24,21 @@ from sysfs_trees import REPO, build_tree
 
 TOPOLOGY_SCRIPT = REPO / "control" / "b70ctl" / "host" / "topology.py"
 
-# scenario -> (profile, group, [(a, b, relation, acs, p2p, rule)]); each outcome is P2PDMA's (tests/fixtures/README.md)
+# scenario -> (profile, group, [(a, b, relation, acs, p2p, rule)]); each pair's outcome is P2PDMA's
+# (tests/fixtures/README.md). The profile is no-p2p on every tree: the kernel's yes is not proof, no probe opened peer
+# memory (docs/facts.md "Field reports": X570 dual-B70 hosts, AMD Zen and so allowed by P2PDMA, "died at
+# zeMemOpenIpcHandle INVALID_ARGUMENT even in a bare two-process all_reduce"; SergiioB/intel-arc-pro-b70-inference-
+# cookbook#8: "TP2 on 2xB70 fails at zeMemOpenIpcHandle (INVALID_ARGUMENT)", fixed by the four no-p2p variables).
 EXPECTED = {
-    "b70x2-switch": ("p2p", [0, 1], [(0, 1, "same_switch", "off", True, "same-switch")]),
+    "b70x2-switch": ("no-p2p", [0, 1], [(0, 1, "same_switch", "off", True, "same-switch")]),
     "b70x2-switch-user": ("no-p2p", [0, 1], [(0, 1, "same_switch", "unknown", None,
                                               "unknown: ACS not readable at 0000:02:00.0, 0000:03:00.0, 0000:04:01.0, "
                                               "0000:01:00.0, 0000:02:01.0, 0000:07:00.0, 0000:08:01.0")]),
     "b70x2-root-ports": ("no-p2p", [0, 1], [(0, 1, "separate_root_ports", "not_applicable", False,
                                              "refused: no shared upstream bridge, CPU not AMD Zen, host bridge "
                                              "8086:a703 not whitelisted")]),
-    "b70x2-amd-zen": ("p2p", [0, 1], [(0, 1, "separate_root_ports", "not_applicable", True, "amd-zen")]),
-    "b70x2-xeon-whitelisted": ("p2p", [0, 1], [(0, 1, "separate_root_ports", "not_applicable", True,
+    "b70x2-amd-zen": ("no-p2p", [0, 1], [(0, 1, "separate_root_ports", "not_applicable", True, "amd-zen")]),
+    "b70x2-xeon-whitelisted": ("no-p2p", [0, 1], [(0, 1, "separate_root_ports", "not_applicable", True,
                                                  "whitelisted-host-bridge:8086:09a2")]),
     "b70-igpu": ("no-p2p", [0], []),
     "b70x4-two-switches": ("no-p2p", [0, 1, 2, 3], [
@@ -50,7 +54,7 @@ EXPECTED = {
         (2, 3, "same_switch", "redirect", False,
          "refused: ACS redirect at 0000:cc:00.0, 0000:cc:01.0 and the host bridge route is not allowed"),
     ]),
-    "b60x2-switch": ("p2p", [0, 1], [(0, 1, "same_switch", "off", True, "same-switch")]),
+    "b60x2-switch": ("no-p2p", [0, 1], [(0, 1, "same_switch", "off", True, "same-switch")]),
     "xe-unbound": ("no-p2p", [], [(0, 1, "same_switch", "off", True, "same-switch")]),
     "no-intel-gpu": ("no-p2p", [], []),
 }
@@ -99,8 +103,10 @@ def test_switch_pair_explains_itself(tmp_path: Path, no_ze_loader: None) -> None
     assert pair["common_bridge"] == "0000:01:00.0"
     assert pair["reason"] == "share the switch below 0000:01:00.0 with ACS redirect off"
     assert document["affinity_mask"] == "0,1"
-    assert document["group_devices"] == ["/dev/dri/card0", "/dev/dri/renderD128", "/dev/dri/card1",
-                                         "/dev/dri/renderD129"]
+    assert document["group_devices"] == ["/dev/dri/by-path/pci-0000:05:00.0-card",
+                                         "/dev/dri/by-path/pci-0000:05:00.0-render",
+                                         "/dev/dri/by-path/pci-0000:09:00.0-card",
+                                         "/dev/dri/by-path/pci-0000:09:00.0-render"]
 
 
 def test_separate_root_ports_name_the_kernel_refusal(tmp_path: Path, no_ze_loader: None) -> None:
@@ -115,10 +121,11 @@ def test_acs_redirect_names_the_ports(tmp_path: Path, no_ze_loader: None) -> Non
     assert redirect["acs_redirect_bridges"] == ["0000:cc:00.0", "0000:cc:01.0"]
 
 
-@pytest.mark.parametrize("tensor_parallel_size, profile, group", [(2, "p2p", [0, 1]), (3, "no-p2p", [0, 1, 2]),
+@pytest.mark.parametrize("tensor_parallel_size, profile, group", [(2, "no-p2p", [0, 1]), (3, "no-p2p", [0, 1, 2]),
                                                                    (4, "no-p2p", [0, 1, 2, 3])])
-def test_four_cards_pick_a_p2p_pair_for_tp2(tmp_path: Path, no_ze_loader: None, tensor_parallel_size: int,
-                                           profile: str, group: list[int]) -> None:
+def test_four_cards_place_tp2_on_the_pair_the_kernel_allows(tmp_path: Path, no_ze_loader: None,
+                                                            tensor_parallel_size: int, profile: str,
+                                                            group: list[int]) -> None:
     facts = collect_facts(build_tree(tmp_path, "b70x4-two-switches"))
     document = analyse(facts, tensor_parallel_size=tensor_parallel_size)
     assert (document["profile"], document["group"]) == (profile, group)
@@ -170,7 +177,9 @@ def test_level_zero_confirms_a_pair_whose_acs_is_unknown(tmp_path: Path, monkeyp
     assert pair["probe"]["status"] == "confirmed"
     assert "0000:05:00.0->0000:09:00.0 zeDeviceCanAccessPeer=True p2p flags access=True atomics=True" in \
         pair["probe"]["detail"]
-    assert document["profile"] == "p2p"
+    # zeDeviceCanAccessPeer is what oneCCL asks, and it said yes on hosts that then failed zeMemOpenIpcHandle.
+    assert pair["probe"]["peer_memory_opened"] is False
+    assert document["profile"] == "no-p2p"
     assert document["probe"] == {"tool": str(stub_loader), "status": "probed", "detail": None}
 
 
@@ -195,7 +204,7 @@ def test_level_zero_joins_devices_by_pci_address(tmp_path: Path, monkeypatch: py
     document = analyse(facts, tensor_parallel_size=2)
     probed = [pair for pair in document["pairs"] if pair["probe"]]
     assert [(pair["a_address"], pair["b_address"]) for pair in probed] == [(addresses[0], addresses[1])]
-    assert document["profile"] == "p2p"
+    assert probed[0]["probe"]["status"] == "confirmed" and document["profile"] == "no-p2p"
 
 
 def test_a_missing_loader_falls_back_to_the_kernel_rule(tmp_path: Path, no_ze_loader: None) -> None:
@@ -204,7 +213,8 @@ def test_a_missing_loader_falls_back_to_the_kernel_rule(tmp_path: Path, no_ze_lo
     assert document["probe"]["detail"].startswith("Level Zero loader ")
     assert document["probe"]["detail"].endswith("install the compute runtime's libze1: the kernel's P2PDMA rule "
                                                 "decides")
-    assert document["profile"] == "p2p" and document["pairs"][0]["probe"] is None
+    assert document["profile"] == "no-p2p" and document["pairs"][0]["probe"] is None
+    assert document["pairs"][0]["p2p"] is True  # the kernel's rule still allows it: recorded, not trusted
 
 
 def test_a_failing_zeinit_falls_back_to_the_kernel_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -220,7 +230,8 @@ def test_probe_never_skips_an_installed_loader(tmp_path: Path, monkeypatch: pyte
                                                stub_loader: Path) -> None:
     use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=False)
     document = analyse(collect_facts(build_tree(tmp_path, "b70x2-switch")), probe="never")
-    assert document["probe"]["status"] == "skipped" and document["profile"] == "p2p"
+    assert document["probe"]["status"] == "skipped" and document["pairs"][0]["probe"] is None
+    assert document["pairs"][0]["p2p"] is True  # the refusing stub was not asked
 
 
 def test_the_whitelist_is_the_kernels() -> None:
@@ -246,13 +257,13 @@ def test_write_is_atomic_and_idempotent(tmp_path: Path, no_ze_loader: None) -> N
     target = Path(root) / TOPOLOGY_PATH.lstrip("/")
     assert first["changed"] is True and first["path"] == TOPOLOGY_PATH
     written = json.loads(target.read_text())
-    assert written["profile"] == "p2p" and "changed" not in written
+    assert written["profile"] == "no-p2p" and "changed" not in written
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
     assert topology(root, write=True)["changed"] is False
     assert [name for name in os.listdir(target.parent)] == ["topology.json"]  # no temp file left behind
-    changed = topology(root, profile="no-p2p", write=True)
+    changed = topology(root, profile="p2p", write=True)
     assert changed["changed"] is True
-    assert json.loads(target.read_text())["ccl_env"]["CCL_TOPO_P2P_ACCESS"] == "0"
+    assert json.loads(target.read_text())["ccl_env"]["CCL_TOPO_P2P_ACCESS"] == "1"
     assert topology(root)["changed"] is False  # without --write nothing is touched
 
 
@@ -291,8 +302,8 @@ def test_written_document_loads_as_the_typed_model(tmp_path: Path, scenario: str
     root = build_tree(tmp_path, scenario)
     topology(root, tensor_parallel_size=2 if scenario == "b70x4-two-switches" else None, write=True)
     document = load_topology(Path(root) / TOPOLOGY_PATH.lstrip("/"))
-    # With TP=2 the four-card server places its group on the P2P pair 0,1.
-    assert document.profile == ("p2p" if scenario == "b70x4-two-switches" else EXPECTED[scenario][0])
+    assert document.profile == EXPECTED[scenario][0]
+    assert document.profile_reason is not None and document.profile_reason.startswith(document.profile + ": ")
     env = document.serve_env()
     assert env["CCL_TOPO_P2P_ACCESS"] == ("1" if document.profile == "p2p" else "0")
     if document.group:
@@ -308,7 +319,7 @@ def test_probed_document_loads_as_the_typed_model(tmp_path: Path, monkeypatch: p
     topology(root, write=True)
     document = load_topology(Path(root) / TOPOLOGY_PATH.lstrip("/"))
     assert document.pairs[0].probe is not None and document.pairs[0].probe.status == "confirmed"
-    assert document.profile == "p2p" and document.schema_version == 2
+    assert document.profile == "no-p2p" and document.schema_version == 2
 
 
 def test_a_schema_1_document_still_loads(tmp_path: Path, no_ze_loader: None) -> None:
@@ -323,12 +334,12 @@ def test_a_schema_1_document_still_loads(tmp_path: Path, no_ze_loader: None) -> 
     data["probe"].pop("detail")
     target.write_text(json.dumps(data))
     document = load_topology(target)
-    assert document.schema_version == 1 and document.pairs[0].rule is None and document.profile == "p2p"
+    assert document.schema_version == 1 and document.pairs[0].rule is None and document.profile == "no-p2p"
 
 
 def test_a_tampered_topology_file_is_refused(tmp_path: Path, no_ze_loader: None) -> None:
     root = build_tree(tmp_path, "b70x2-switch")
-    topology(root, write=True)
+    topology(root, profile="p2p", write=True)
     target = Path(root) / TOPOLOGY_PATH.lstrip("/")
     data = json.loads(target.read_text())
     data["profile"] = "fast"

@@ -90,11 +90,21 @@ def topology_command(
     probe: Annotated[str, choice_option(Probe, "--probe", "auto: ask the Level Zero loader when installed; never")] =
         "auto",
     write: Annotated[bool, typer.Option("--write", help=f"Write <root>{TOPOLOGY_PATH}")] = False,
+    recipe: Annotated[str | None, typer.Option(
+        "--recipe", show_default=False, help="Build the group only from GPUs of this recipe's PCI ids (name or file); "
+        "its tensor-parallel size unless --tensor-parallel-size is given")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """PCIe P2P per GPU pair and the oneCCL profile (p2p / no-p2p) for the tensor-parallel group."""
     _check_root(root)
-    result = topology(root, tensor_parallel_size, profile, probe, write)
+    pci_ids: list[str] = []
+    if recipe is not None:
+        recipe_model = load_recipe(recipe)
+        # The same GPUs host fit counts (memory.usable_gpus): bound to xe and of the recipe's ids.
+        pci_ids = list(recipe_model.host.gpu_pci_ids)
+        if tensor_parallel_size is None and recipe_model.host.accelerator == "xpu":
+            tensor_parallel_size = recipe_model.serve.tensor_parallel_size
+    result = topology(root, tensor_parallel_size, profile, probe, write, pci_ids=pci_ids)
     if as_json:
         _print_json(result)
         return
@@ -105,7 +115,7 @@ def topology_command(
         table.add_row(f"{pair['a']}-{pair['b']}", pair["relation"], pair["common_bridge"] or "-", pair["acs"],
                       pair.get("rule") or "-", probe_result, str(pair["p2p"]), pair["reason"])
     out.print(table)
-    out.print(f"profile [bold]{result['profile']}[/] ({result['profile_source']}), group {result['group']}, "
+    out.print(f"profile [bold]{result['profile']}[/] ({escape(result['profile_reason'])}), group {result['group']}, "
               f"ZE_AFFINITY_MASK={result['affinity_mask']}, Level Zero {result['probe']['status']}")
     for reason in result["reasons"]:
         out.print(f"  {reason}", highlight=False)

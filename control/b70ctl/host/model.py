@@ -31,6 +31,8 @@ class ProbeResult(_Model):
     exit_code: int | None
     peak_gb_per_s: float | None
     detail: str
+    peer_memory_opened: bool = Field(False, description="The probe opened one device's memory from the other, as "
+                                     "oneCCL's IPC path does; only that proves P2P")
 
 
 class PairTopology(_Model):
@@ -56,6 +58,7 @@ class TopologyGpu(_Model):
     level_zero_index: int | None
     pci_address: str
     model: str
+    pci_id: str | None = None
     host_bridge: str | None
     root_port: str | None
     numa_node: int | None
@@ -83,12 +86,17 @@ class P2pdmaInputs(_Model):
 class TopologyDocument(_Model):
     schema_version: Literal[1, 2] = TOPOLOGY_SCHEMA_VERSION  # 1: written before pairs named their rule
     profile: Profile
+    profile_reason: str | None = Field(None, description="Why this profile: p2p only when a probe opened peer memory "
+                                       "between every pair of the group")
+    gpu_pci_ids: list[str] = Field(default_factory=list, description="The recipe's PCI ids the group was built from "
+                                   "(empty: any Intel discrete GPU)")
     auto_profile: Profile
     profile_source: Literal["auto", "override"]
     tensor_parallel_size: int = Field(ge=1)
     group: list[int] = Field(description="Indices (PCI order) of the GPUs the server uses")
     affinity_mask: str = Field(description="ZE_AFFINITY_MASK for the group (Level Zero indices)")
-    group_devices: list[str] = Field(description="/dev/dri nodes to pass into the container")
+    group_devices: list[str] = Field(description="/dev/dri/by-path nodes (pci-<bdf>-card, -render) to pass into "
+                                     "the container: DRM minor numbers follow probe order, PCI addresses do not")
     reasons: list[str]
     ccl_env: dict[str, str]
     docker_args: list[str]

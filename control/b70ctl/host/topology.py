@@ -14,8 +14,11 @@ The Level Zero loader (level_zero.py: zeDeviceCanAccessPeer and zeDeviceGetP2PPr
 installed, confirms or refutes a pair: the runtime's answer beats the inference. Not installed means not probed.
 
 Profile: `p2p` (the recipe's oneCCL set with CCL_TOPO_P2P_ACCESS=1) only when every pair of the tensor-parallel
-group is known to do P2P; otherwise `no-p2p` (the SIMPLE_THRESHOLD fallback confirmed on dual B70). The host
-may override it (`--profile`, Ansible var). CCL_PROFILES below is the one place the profiles' env vars and
+group is proven: a probe opened the peer's memory (Probe.peer_memory_opened). Neither the kernel's P2PDMA rule nor
+zeDeviceCanAccessPeer predicts oneCCL's IPC path: an X870 (AMD) host measured 28.5 GB/s with ze_peer while X570
+(AMD) dual-B70 hosts died at zeMemOpenIpcHandle (docs/facts.md, "Field reports"). Otherwise `no-p2p` (the
+SIMPLE_THRESHOLD fallback confirmed on dual B70); `profile_reason` says which and why. The host may override it
+(`--profile`, Ansible var) once ze_peer has passed on it. CCL_PROFILES below is the one place the profiles' env vars and
 docker flags are written; the serve renderer reads it (or the copy written into /etc/b70/topology.json).
 
 Standard library only, like facts.py, so both files can run on a host with just python3.
@@ -48,6 +51,7 @@ class TopologyRefused(_Refusal):  # type: ignore[valid-type,misc]
     """Nothing was written: one line and exit 2 (b70ctl's BadInput; main() below when run as a script)."""
 
 # 2: each pair names the P2PDMA rule that decided it; the document records the CPU and host bridges it used.
+# Later additions (profile_reason, gpu_pci_ids, a probe's peer_memory_opened) are optional fields of schema 2.
 TOPOLOGY_SCHEMA_VERSION = 2
 TOPOLOGY_PATH = "/etc/b70/topology.json"
 PROFILES = ("p2p", "no-p2p")
@@ -137,6 +141,9 @@ class Probe:
     exit_code: Optional[int] = None
     peak_gb_per_s: Optional[float] = None
     detail: str = ""
+    # True only when the probe opened memory of one device from the other (what oneCCL's IPC path does); a
+    # zeDeviceCanAccessPeer answer alone leaves it False.
+    peer_memory_opened: bool = False
 
 
 @dataclass
@@ -166,6 +173,7 @@ class TopologyDecision:
     group: List[int]
     affinity_mask: str
     reasons: List[str]
+    profile_reason: str = ""
 
 
 # ---------------------------------------------------------------- pure: pairs
@@ -274,6 +282,16 @@ def _group_p2p(group: Sequence[int], pairs_by_index: Dict[Tuple[int, int], PairT
     return all(pairs_by_index[(a, b)].p2p is True for a, b in itertools.combinations(group, 2))
 
 
+def _proven(pair: PairTopology) -> bool:
+    """P2P the way oneCCL uses it: a probe opened the peer's memory. The kernel rule's yes is not proof."""
+    return pair.p2p is True and pair.probe is not None and pair.probe.peer_memory_opened
+
+
+NOT_PROVEN = ("no probe opened peer memory between the GPUs: the kernel's P2PDMA rule and zeDeviceCanAccessPeer do "
+              "not predict oneCCL's IPC path (X570 dual-B70 hosts they allow died at zeMemOpenIpcHandle); run "
+              "ze_peer -s 0 -d 1 and set --profile p2p when it passes")
+
+
 def _first_group(candidates: Sequence[int], size: int, accept: Any) -> Optional[List[int]]:
     for group in itertools.combinations(candidates, size):
         if accept(group):
@@ -281,38 +299,61 @@ def _first_group(candidates: Sequence[int], size: int, accept: Any) -> Optional[
     return None
 
 
+def _accepted(gpu: Dict[str, Any], pci_ids: Sequence[str]) -> bool:
+    return not pci_ids or (gpu.get("pci_id") or "").lower() in {pci_id.lower() for pci_id in pci_ids}
+
+
 def decide(gpus: Sequence[Dict[str, Any]], pairs: List[PairTopology], tensor_parallel_size: Optional[int],
-           profile_override: str = "auto") -> TopologyDecision:
-    """The oneCCL profile for a tensor-parallel group of xe-bound GPUs, chosen in PCI order."""
+           profile_override: str = "auto", pci_ids: Sequence[str] = ()) -> TopologyDecision:
+    """The oneCCL profile for a tensor-parallel group of xe-bound GPUs, chosen in PCI order. pci_ids (the recipe's
+    host.gpu_pci_ids, vendor:device): only GPUs of those ids join the group, as host fit counts them."""
     if profile_override not in PROFILE_CHOICES:
         raise ValueError("profile %r: choose one of %s" % (profile_override, ", ".join(PROFILE_CHOICES)))
-    usable = [gpu["index"] for gpu in gpus if gpu.get("xe_bound")]
+    usable = [gpu["index"] for gpu in gpus if gpu.get("xe_bound") and _accepted(gpu, pci_ids)]
     size = tensor_parallel_size or max(len(usable), 1)
     pairs_by_index = {(pair.a, pair.b): pair for pair in pairs}
     reasons: List[str] = []
     unbound = [gpu["pci_address"] for gpu in gpus if not gpu.get("xe_bound")]
     if unbound:
         reasons.append("not bound to xe, not usable: %s" % ", ".join(unbound))
+    foreign = ["%s %s (%s)" % (gpu["pci_address"], gpu.get("model"), gpu.get("pci_id")) for gpu in gpus
+               if gpu.get("xe_bound") and not _accepted(gpu, pci_ids)]
+    if foreign:
+        reasons.append("not of the recipe's PCI ids %s, not used: %s" % (", ".join(pci_ids), ", ".join(foreign)))
     group: Optional[List[int]] = None
     if not usable:
         auto = "no-p2p"
         reasons.append("no Intel GPU bound to xe: nothing to connect")
+        why = "no usable GPU"
         group = []
     elif size < 2:
         auto = "no-p2p"
         reasons.append("tensor-parallel size %d: no peer traffic, the no-p2p set is harmless" % size)
+        why = "tensor-parallel size %d: no peer traffic" % size
         group = usable[:size]
     elif len(usable) < size:
         auto = "no-p2p"
         reasons.append("tensor-parallel size %d but %d usable GPU(s)" % (size, len(usable)))
+        why = reasons[-1]
         group = usable
     else:
-        group = _first_group(usable, size, lambda g: _group_p2p(g, pairs_by_index))
+        # Place the group where P2P is most likely (proven first, then allowed by the kernel's rule); the profile
+        # is p2p only when every pair of it is proven.
+        group = _first_group(usable, size, lambda g: all(_proven(pairs_by_index[p]) for p in
+                                                         itertools.combinations(g, 2)))
         if group is not None:
             auto = "p2p"
             reasons.append("GPUs %s: every pair can do P2P (%s)" % (
                 ",".join(map(str, group)),
                 "; ".join(_pair_evidence(pairs_by_index[p]) for p in itertools.combinations(group, 2))))
+            why = "peer memory opened between every pair of GPUs %s" % ",".join(map(str, group))
+        elif _first_group(usable, size, lambda g: _group_p2p(g, pairs_by_index)) is not None:
+            group = _first_group(usable, size, lambda g: _group_p2p(g, pairs_by_index))
+            auto = "no-p2p"
+            reasons.append("GPUs %s: every pair may do P2P (%s), but it is not proven" % (
+                ",".join(map(str, group)),
+                "; ".join(_pair_evidence(pairs_by_index[p]) for p in itertools.combinations(group, 2))))
+            why = NOT_PROVEN
         else:
             auto = "no-p2p"
             group = usable[:size]
@@ -320,14 +361,18 @@ def decide(gpus: Sequence[Dict[str, Any]], pairs: List[PairTopology], tensor_par
             reasons.append("no group of %d GPUs with P2P between every pair; GPUs %s: %s" % (
                 size, ",".join(map(str, group)), "; ".join(
                     "%d-%d %s" % (pair.a, pair.b, _pair_evidence(pair)) for pair in blocking)))
+            why = "no group of %d GPUs with P2P between every pair" % size
     profile = auto if profile_override == "auto" else profile_override
+    why = "%s: %s" % (auto, why)
     if profile != auto:
         reasons.append("profile %s set by override (auto chose %s)" % (profile, auto))
+        why = "%s: set by override (auto chose %s)" % (profile, why)
     level_zero = {gpu["index"]: gpu.get("level_zero_index") for gpu in gpus}
     mask = ",".join(str(level_zero[index]) for index in group if level_zero.get(index) is not None)
     return TopologyDecision(profile=profile, auto_profile=auto,
                             profile_source="auto" if profile_override == "auto" else "override",
-                            tensor_parallel_size=size, group=group, affinity_mask=mask, reasons=reasons)
+                            tensor_parallel_size=size, group=group, affinity_mask=mask, reasons=reasons,
+                            profile_reason=why)
 
 
 def _pair_evidence(pair: PairTopology) -> str:
@@ -347,8 +392,18 @@ def apply_probe(pair: PairTopology, probe: Probe) -> None:
 
 # ---------------------------------------------------------------- the whole analysis (facts -> document)
 
+def device_nodes(gpu: Dict[str, Any]) -> List[str]:
+    """The card's DRM nodes by their /dev/dri/by-path names: minor numbers follow probe order (simpledrm can take
+    card0; B70s seen as card2/card3), the PCI address does not (docs/facts.md, "Field reports")."""
+    nodes = []
+    for kind in ("card", "render"):
+        if gpu.get(kind):
+            nodes.append("/dev/dri/by-path/pci-%s-%s" % (gpu["pci_address"], kind))
+    return nodes
+
+
 def analyse(facts: Dict[str, Any], tensor_parallel_size: Optional[int] = None, profile: str = "auto",
-            probe: str = "auto", ze_loader: Optional[str] = None) -> Dict[str, Any]:
+            probe: str = "auto", ze_loader: Optional[str] = None, pci_ids: Sequence[str] = ()) -> Dict[str, Any]:
     """The topology document: pairs, the chosen group and profile, the profile's env and docker flags.
     probe: 'auto' asks the Level Zero loader (ze_loader, else $B70CTL_ZE_LOADER, else libze_loader.so.1) about the
     candidate group's pairs; 'never' keeps the kernel rule's answer alone. A missing loader or a failing zeInit
@@ -359,7 +414,7 @@ def analyse(facts: Dict[str, Any], tensor_parallel_size: Optional[int] = None, p
     probe_state: Dict[str, Any] = {"tool": tool, "status": "skipped", "detail": None}
     if probe != "never":
         pairs_by_index = {(pair.a, pair.b): pair for pair in pairs}
-        candidate = decide(gpus, pairs, tensor_parallel_size).group
+        candidate = decide(gpus, pairs, tensor_parallel_size, pci_ids=pci_ids).group
         by_index = {gpu["index"]: gpu for gpu in gpus}
         wanted = [(a, b) for a, b in itertools.combinations(candidate, 2)]
         if not wanted:
@@ -377,25 +432,27 @@ def analyse(facts: Dict[str, Any], tensor_parallel_size: Optional[int] = None, p
                         tool, "zeDeviceCanAccessPeer", "zeDeviceGetP2PProperties", key[0], key[1]], None, None,
                         answer["detail"]))
                 probe_state["status"] = "probed"
-    decision = decide(gpus, pairs, tensor_parallel_size, profile)
+    decision = decide(gpus, pairs, tensor_parallel_size, profile, pci_ids)
     by_index = {gpu["index"]: gpu for gpu in gpus}
     chosen = CCL_PROFILES[decision.profile]
     return {
         "schema_version": TOPOLOGY_SCHEMA_VERSION,
         "profile": decision.profile,
+        "profile_reason": decision.profile_reason,
+        "gpu_pci_ids": [pci_id.lower() for pci_id in pci_ids],
         "auto_profile": decision.auto_profile,
         "profile_source": decision.profile_source,
         "tensor_parallel_size": decision.tensor_parallel_size,
         "group": decision.group,
         "affinity_mask": decision.affinity_mask,
-        "group_devices": [dev for index in decision.group for dev in by_index[index]["dev_nodes"]],
+        "group_devices": [node for index in decision.group for node in device_nodes(by_index[index])],
         "reasons": decision.reasons,
         "ccl_env": dict(chosen["env"]),
         "docker_args": list(chosen["docker_args"]),
         "probe": probe_state,
         "gpus": [{
             "index": gpu["index"], "level_zero_index": gpu.get("level_zero_index"), "pci_address": gpu["pci_address"],
-            "model": gpu["model"], "host_bridge": gpu["host_bridge"],
+            "model": gpu["model"], "pci_id": gpu.get("pci_id"), "host_bridge": gpu["host_bridge"],
             "root_port": gpu["parent_bridges"][0]["address"] if gpu["parent_bridges"] else None,
             "numa_node": gpu["numa_node"], "card": gpu["card"], "render": gpu["render"], "xe_bound": gpu["xe_bound"],
         } for gpu in gpus],
@@ -419,6 +476,11 @@ def write_topology(root: str, document: Dict[str, Any]) -> bool:
     """Write <root>/etc/b70/topology.json atomically; False (nothing written) when the content is unchanged, so a
     second run reports changed=false. b70ctl's own writer is files.py; this file runs on hosts without b70ctl."""
     target = os.path.join(root, TOPOLOGY_PATH.lstrip("/"))
+    inside = os.path.realpath(root)
+    landing = os.path.realpath(os.path.dirname(target))
+    if os.path.commonpath([inside, landing]) != inside:
+        raise TopologyRefused("%s leads to %s, outside --root %s (a symlink): nothing was written: remove the link "
+                              "or give the real root" % (os.path.dirname(target), landing, root))
     content = render_document(document)
     try:
         with open(target, encoding="utf-8") as handle:
@@ -462,15 +524,16 @@ def _write_failure(error: OSError) -> str:
 
 
 def topology(root: str = "/", tensor_parallel_size: Optional[int] = None, profile: str = "auto",
-             probe: str = "auto", write: bool = False, ze_loader: Optional[str] = None) -> Dict[str, Any]:
+             probe: str = "auto", write: bool = False, ze_loader: Optional[str] = None,
+             pci_ids: Sequence[str] = ()) -> Dict[str, Any]:
     """Read facts under root, decide, optionally write; the result carries `changed` (Ansible convention). A
     tensor-parallel group larger than the host's usable GPUs is never written: the server could not start on it."""
-    document = analyse(collect_facts(root), tensor_parallel_size, profile, probe, ze_loader)
+    document = analyse(collect_facts(root), tensor_parallel_size, profile, probe, ze_loader, pci_ids)
     if write and tensor_parallel_size is not None and len(document["group"]) < tensor_parallel_size:
         usable = len(document["group"])
         raise TopologyRefused(
-            "tensor-parallel size %d but %d usable GPU(s) under %s (Intel discrete, bound to xe): nothing written: "
-            "%s" % (tensor_parallel_size, usable, root,
+            "tensor-parallel size %d but %d usable GPU(s) under %s (Intel discrete, bound to xe%s): nothing "
+            "written: %s" % (tensor_parallel_size, usable, root, ", PCI id %s" % "/".join(pci_ids) if pci_ids else "",
                     "serve with at most %d GPU(s), or bind the others to xe" % usable if usable else
                     "bind the GPUs to xe (b70ctl host facts lists them and their driver)"))
     changed = write_topology(root, document) if write else False
@@ -480,6 +543,12 @@ def topology(root: str = "/", tensor_parallel_size: Optional[int] = None, profil
     return result
 
 
+def _is_pci_id(text: str) -> bool:
+    parts = text.split(":")
+    return len(parts) == 2 and all(len(part) == 4 and all(c in "0123456789abcdefABCDEF" for c in part)
+                                   for part in parts)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Decide PCIe P2P and the oneCCL profile; print JSON.")
     parser.add_argument("--root", default="/")
@@ -487,7 +556,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--tensor-parallel-size", type=int, default=None)
     parser.add_argument("--probe", default="auto", choices=("auto", "never"))
     parser.add_argument("--write", action="store_true", help="write <root>%s" % TOPOLOGY_PATH)
+    parser.add_argument("--pci-id", action="append", default=[], dest="pci_ids", metavar="VENDOR:DEVICE",
+                        help="only GPUs of this PCI id join the group (the recipe's host.gpu_pci_ids; repeat)")
     args = parser.parse_args(argv)
+    bad = [pci_id for pci_id in args.pci_ids if not _is_pci_id(pci_id)]
+    if bad:
+        sys.stderr.write("error: --pci-id %s is not vendor:device in hex (e.g. 8086:e223)\n" % bad[0])
+        return 2
     if not os.path.isdir(args.root):
         sys.stderr.write("error: --root %s is not a directory: give the root of a sysfs tree\n" % args.root)
         return 2
@@ -495,7 +570,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write("error: --tensor-parallel-size must be >= 1\n")
         return 2
     try:
-        result = topology(args.root, args.tensor_parallel_size, args.profile, args.probe, args.write)
+        result = topology(args.root, args.tensor_parallel_size, args.profile, args.probe, args.write,
+                          pci_ids=args.pci_ids)
     except TopologyRefused as refused:
         sys.stderr.write("error: %s\n" % refused)
         return 2
