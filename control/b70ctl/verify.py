@@ -457,6 +457,10 @@ def require_separate_target_only(client: VllmClient, baseline: VllmClient) -> No
     must, and without a single draft."""
     try:
         endpoint_before = snapshot(client, client.model)
+    except MetricsUnavailable as unavailable:  # the endpoint's, not the baseline's: named as such
+        raise BadInput(f"baseline check: the endpoint's /metrics is unreadable ({unavailable.reason}): the endpoint "
+                       "must be a vLLM server with its stats on") from unavailable
+    try:
         baseline_before = snapshot(baseline, baseline.model)
         baseline.complete("completions", "The baseline", BASELINE_PROBE_TOKENS, temperature=0.0)
         endpoint_after = snapshot(client, client.model)

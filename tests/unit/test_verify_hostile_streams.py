@@ -71,14 +71,26 @@ class HostileServer(ScriptedServer):
         self.stream_mode: str | None = None
         self.engine_clock_scale = 1.0  # the engine's decode time as /metrics reports it, times this
         self.nan_counter: str | None = None
+        self.duplicate_series = False
+        self.restart_at_request: int | None = None  # the engine restarts (counters from zero) serving this one
+        self.recorded = 0
 
     def record_request(self, script: Script, prompt_tokens: int, completion_tokens: int) -> None:
         scaled = Script(ttft_s=script.ttft_s, offsets_s=[o * self.engine_clock_scale for o in script.offsets_s],
                         tokens_per_chunk=script.tokens_per_chunk)
-        super().record_request(scaled, prompt_tokens, completion_tokens)
+        self.recorded += 1
+        if self.recorded != self.restart_at_request:
+            super().record_request(scaled, prompt_tokens, completion_tokens)
+            return
+        with self.lock:  # restarted while it served this request: every counter and histogram from zero again
+            self.counters = dict.fromkeys(self.counters, 0)
+            self.histograms = {name: [0.0, 0.0] for name in self.histograms}
+            self.accepted_per_position = [0] * len(self.accepted_per_position)
 
     def metrics_text(self) -> str:
         text = super().metrics_text()
+        if self.duplicate_series:  # the whole exposition twice, as a proxy merging two scrapes sends it
+            return text + text
         if self.nan_counter is None:
             return text
         # Prometheus' text format spells a NaN sample "NaN" (prometheus/docs exposition_formats.md: "NaN, +Inf,
@@ -259,3 +271,40 @@ def test_an_engine_rate_within_the_hosts_bandwidth_bound_is_measured(hostile, tm
     assert_one_line_error(outcome, 0, "")
     report, _ = _report(tmp_path)
     assert report["throughput"]["workloads"][0]["error"] is None
+
+
+# -- 4. what a run says about a restart and about a wrong URL ----------------------------------------------------
+def test_a_server_restart_inside_a_workload_makes_it_unmeasurable_and_the_run_fail(hostile, tmp_path):
+    hostile.restart_at_request = 2
+    outcome = run_b70ctl(_verify(hostile, tmp_path, "--check", "throughput"))
+    assert_one_line_error(outcome, 1, "")
+    report, markdown = _report(tmp_path)
+    error = report["throughput"]["workloads"][0]["error"]
+    assert error.startswith("unmeasurable: the server restarted during the workload")
+    assert report["passed"] is False and "server restarted" in markdown
+
+
+def test_duplicate_metric_series_are_named_not_called_other_traffic(hostile, tmp_path):
+    hostile.duplicate_series = True
+    outcome = run_b70ctl(_verify(hostile, tmp_path, "--check", "smoke"))
+    assert_one_line_error(outcome, 1, "")
+    report, _ = _report(tmp_path)
+    metrics = next(c for c in report["smoke"]["checks"] if c["name"] == "metrics")
+    assert "with the same labels twice" in metrics["reason"] and "other traffic" not in metrics["reason"]
+
+
+def test_an_endpoint_ending_in_v1_is_told_to_drop_it(hostile, tmp_path):
+    args = _verify(hostile, tmp_path, "--check", "smoke")
+    args[args.index("--endpoint") + 1] = hostile.url + "/v1"
+    outcome = run_b70ctl(args)
+    assert_one_line_error(outcome, 2, r"/v1: GET /v1/models: HTTP 404: the URL ends in /v1 .*drop the /v1")
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_unreadable_metrics_on_the_endpoint_are_not_blamed_on_the_baseline(hostile, tmp_path):
+    hostile.metrics_mode = "garbage"
+    with ScriptedServer() as baseline:
+        baseline.speculates = False
+        outcome = run_b70ctl(_verify(hostile, tmp_path, "--check", "correctness", "--baseline-endpoint",
+                                     baseline.url))
+    assert_one_line_error(outcome, 2, r"baseline check: the endpoint's /metrics is unreadable")

@@ -218,6 +218,9 @@ class VllmClient:
         if response.status_code in (401, 403):
             raise EndpointError(f"GET /v1/models: HTTP {response.status_code}: {self._refused()}",
                                 response.status_code)
+        if response.status_code == 404 and self.endpoint.base_url.rstrip("/").endswith("/v1"):
+            raise EndpointError("GET /v1/models: HTTP 404: the URL ends in /v1 and b70ctl adds /v1 itself: drop the "
+                                "/v1 from the URL", response.status_code)
         if response.status_code != 200:
             raise EndpointError(f"GET /v1/models: HTTP {response.status_code}: {_error_text(response)}",
                                 response.status_code)

@@ -117,6 +117,15 @@ def parse_metrics(text: str, model_name: str | None = None) -> MetricsSnapshot:
     ours = [s for s in samples if s.name in wanted]
     if model_name is not None and any(s.labels.get("model_name") == model_name for s in ours):
         ours = [s for s in ours if s.labels.get("model_name") in (model_name, None)]
+    # One series twice (two exporters merged by a proxy, a family repeated) would be summed into twice the count
+    # and read as other traffic: it is no count at all.
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for sample in ours:
+        series = (sample.name, tuple(sorted(sample.labels.items())))
+        if series in seen:
+            raise MetricsUnavailable(f"/metrics gives the series {sample.name} with the same labels twice: the "
+                                     "exposition is not one server's (a proxy merging two?); read it from the server")
+        seen.add(series)
     # A NaN or infinite counter is no count: the counter is unusable (None), not a figure to subtract and judge.
     non_finite = tuple(dict.fromkeys(s.name for s in ours if not math.isfinite(s.value)))
     unusable = set(non_finite)

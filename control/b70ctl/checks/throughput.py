@@ -103,9 +103,9 @@ def run_throughput(client: VllmClient, recipe: Recipe, raw_dir: Path, progress: 
 
 def reject_impossible_engine_figures(report: Report, recipe: Recipe) -> None:
     """Marks unmeasurable (error set: its claims are then not measured, the check fails) every workload whose
-    engine figures are physically impossible: a request decoding above the host's bandwidth bound, most requests'
-    engine rate contradicted by the client by more than an order of magnitude, or more tokens per draft step than
-    a step can yield."""
+    engine figures are physically impossible or not one run's: a request decoding above the host's bandwidth bound,
+    most requests' engine rate contradicted by the client by more than an order of magnitude, a server restart
+    inside the workload, or more tokens per draft step than a step can yield."""
     from b70ctl.report.roofline import bandwidth_input, kv_input, memory_domains, weight_input, workload_roofline
 
     if report.throughput is None:
@@ -140,6 +140,12 @@ def reject_impossible_engine_figures(report: Report, recipe: Recipe) -> None:
             reason = (f"the engine's decode rate is more than {CLIENT_CONTRADICTION_FACTOR:g}x what the client saw "
                       f"arrive on {len(contradicted)} of {len(compared)} requests (up to {max(contradicted):.3g}x): "
                       "the engine's clock is not a measurement")
+        restarted = [index for index, sample in enumerate(result.requests, 1)
+                     if "the server restarted" in (sample.engine_unavailable or "")]
+        if reason is None and (restarted or (result.spec_decode is not None
+                                             and "restarted" in (result.spec_decode.pollution_reason or ""))):
+            reason = ("the server restarted during the workload (its counters went backwards"
+                      + (f" around request {restarted[0]}" if restarted else "") + "): its figures are not one run's")
         stats = result.spec_decode
         if reason is None and spec is not None and stats is not None and not stats.polluted \
                 and stats.mean_acceptance_length is not None and stats.mean_acceptance_length > tokens_per_step:
