@@ -218,3 +218,42 @@ def test_vllm_resolves_the_converted_drafter_to_qwen3_dspark(models, tmp_path):
     assert found["original"]["enable_confidence_head"] is False
     # And on 0.25-0.28, which do not rename, DSparkDraftModel is the DeepSeek-V4 class: why we always rename.
     assert found["registry_DSparkDraftModel"] == "DSparkDeepseekV4ForCausalLM"
+
+
+# vllm-project/vllm PR #41834 (https://github.com/vllm-project/vllm/pull/41834), as docs/facts.md reports it:
+# "num_speculative_tokens above the drafter's block size collapses acceptance (k=7 on a block-5 drafter: 4.4%,
+# k=5: 34.7%)". dspark-int4-tp1 serves k=7 and tunes k 4..7 (docs/facts.md, Doopeworld recipe).
+def test_convert_with_a_recipe_refuses_a_drafter_whose_block_is_below_the_recipes_k(models, tmp_path):
+    src, target = models
+    (src / "config.json").write_text(json.dumps(drafter_config(block_size=5)))
+    done = subprocess.run([B70CTL, "model", "convert", str(src), str(tmp_path / "out"), "--recipe",
+                           "dspark-int4-tp1"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: drafter config.json block_size: 5, recipe dspark-int4-tp1 declares drafter.block_size 7: this is "
+        "not the drafter the recipe was written for; fetch the recipe's drafter or fix drafter.block_size")
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_refuses_k_a_recipe_tunes_above_the_block(models, tmp_path):
+    from b70ctl.recipes import load_recipe
+
+    src, target = models
+    (src / "config.json").write_text(json.dumps(drafter_config(block_size=6)))
+    recipe = load_recipe("dspark-int4-tp1")
+    # The recipe without its own declaration: the tune's k range 4..7 still reaches past a block of 6.
+    undeclared = recipe.model_copy(update={"drafter": recipe.drafter.model_copy(update={"block_size": None})})
+    with pytest.raises(BadInput) as error:
+        convert(src, tmp_path / "out", "0.29.0", target, recipe=undeclared)
+    assert str(error.value) == (
+        "drafter config.json block_size: 6, recipe dspark-int4-tp1 serves or tunes num_speculative_tokens up to 7: "
+        "acceptance collapses past the block (vllm PR #41834); lower num_speculative_tokens (and tune's range) to "
+        "<= 6")
+
+
+def test_convert_accepts_the_recipes_drafter_block(models, tmp_path):
+    src, target = models
+    from b70ctl.recipes import load_recipe
+
+    result = convert(src, tmp_path / "out", "0.29.0", target, recipe=load_recipe("dspark-int4-tp1"))
+    assert result["changed"] and _config(tmp_path / "out")["block_size"] == 7

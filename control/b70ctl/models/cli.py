@@ -135,7 +135,7 @@ def convert_command(
         if not (target / "config.json").is_file():
             raise BadInput(f"no target beside {src} ({target}/config.json): give --target DIR, the drafter is "
                            "checked against the target it will draft for")
-    result = convert(src, dst, vllm_version, target, source_revision)
+    result = convert(src, dst, vllm_version, target, source_revision, load_recipe(recipe) if recipe else None)
     if as_json:
         _print_json(result)
         return

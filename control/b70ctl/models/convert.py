@@ -39,6 +39,7 @@ from typing import Any
 
 from b70ctl.errors import BadInput
 from b70ctl.lock.resolve import sha256_file
+from b70ctl.recipes.model import IntRange, Recipe
 from b70ctl.versions import parse, version_at_least
 
 CONVERTER_VERSION = 1
@@ -325,8 +326,29 @@ def _check_destination(src: Path, dst: Path) -> None:
                        "directory or remove it yourself; nothing was touched")
 
 
+def check_against_recipe(config: dict[str, Any], recipe: Recipe) -> None:
+    """The converted drafter against the recipe that serves it: k above the drafter's block size collapses
+    acceptance (k=7 on a block-5 drafter: 4.4%, vllm PR #41834), so neither the recipe's k nor any k its tune
+    tries may exceed it, and the block size the recipe declares must be this drafter's."""
+    block = config["block_size"]
+    declared = recipe.drafter.block_size if recipe.drafter is not None else None
+    if declared is not None and declared != block:
+        raise _fail("block_size", f"{block}, recipe {recipe.name} declares drafter.block_size {declared}: this is "
+                                  "not the drafter the recipe was written for; fetch the recipe's drafter or fix "
+                                  "drafter.block_size")
+    spec = recipe.serve.speculative
+    tried = [spec.num_speculative_tokens] if spec is not None else []
+    if recipe.tune is not None and recipe.tune.num_speculative_tokens is not None:
+        tuned = recipe.tune.num_speculative_tokens
+        tried += tuned.values() if isinstance(tuned, IntRange) else list(tuned)
+    if tried and max(tried) > block:
+        raise _fail("block_size", f"{block}, recipe {recipe.name} serves or tunes num_speculative_tokens up to "
+                                  f"{max(tried)}: acceptance collapses past the block (vllm PR #41834); lower "
+                                  f"num_speculative_tokens (and tune's range) to <= {block}")
+
+
 def convert(src: Path, dst: Path, vllm_version: str, target_dir: Path,
-            source_revision: str | None = None) -> dict[str, Any]:
+            source_revision: str | None = None, recipe: Recipe | None = None) -> dict[str, Any]:
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
         raise BadInput(f"source {src} is not a directory")
@@ -335,6 +357,8 @@ def convert(src: Path, dst: Path, vllm_version: str, target_dir: Path,
         raise BadInput(f"drafter {src} has no weights (*.safetensors): fetch the complete drafter first")
     config, changes = converted_config(_read_config(src, "drafter"), vllm_version)
     validate_drafter(config, _read_config(target_dir, "target"))
+    if recipe is not None:
+        check_against_recipe(config, recipe)
     config_text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     if _up_to_date(dst, src, vllm_version, config_text):
         return {"changed": False, "dst": str(dst), "vllm_version": vllm_version, "changes": changes}
