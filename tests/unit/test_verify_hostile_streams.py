@@ -56,6 +56,20 @@ class HostileHandler(_Handler):
             self.close_connection = True
 
 
+    def do_GET(self) -> None:
+        if self.path == "/v1/models" and self.server.models_body is not None:
+            self._send_text(200, self.server.models_body, "application/json")
+            return
+        super().do_GET()
+
+    def do_POST(self) -> None:
+        if self.path == "/tokenize" and self.server.tokenize_body is not None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._send_text(200, self.server.tokenize_body, "application/json")
+            return
+        super().do_POST()
+
+
 class HostileServer(ScriptedServer):
     events = {
         "list": "[1, 2, 3]",
@@ -74,6 +88,8 @@ class HostileServer(ScriptedServer):
         self.duplicate_series = False
         self.restart_at_request: int | None = None  # the engine restarts (counters from zero) serving this one
         self.recorded = 0
+        self.models_body: str | None = None  # /v1/models answers this instead
+        self.tokenize_body: str | None = None  # /tokenize answers this instead
 
     def record_request(self, script: Script, prompt_tokens: int, completion_tokens: int) -> None:
         scaled = Script(ttft_s=script.ttft_s, offsets_s=[o * self.engine_clock_scale for o in script.offsets_s],
@@ -308,3 +324,29 @@ def test_unreadable_metrics_on_the_endpoint_are_not_blamed_on_the_baseline(hosti
         outcome = run_b70ctl(_verify(hostile, tmp_path, "--check", "correctness", "--baseline-endpoint",
                                      baseline.url))
     assert_one_line_error(outcome, 2, r"baseline check: the endpoint's /metrics is unreadable")
+
+
+# -- 4. answers Python's JSON reader refuses ---------------------------------------------------------------------
+def test_a_model_list_nested_deeper_than_python_reads_is_one_line(hostile, tmp_path):
+    hostile.models_body = '{"data": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    outcome = run_b70ctl(_verify(hostile, tmp_path, "--check", "smoke"))
+    assert_one_line_error(outcome, 2, r"GET /v1/models: the answer holds JSON nested deeper than can be read")
+
+
+def test_a_5000_digit_token_id_from_tokenize_fails_the_workload_not_the_run(hostile, tmp_path):
+    # Python refuses to read an integer of more than 4300 digits (docs.python.org/3/library/stdtypes.html,
+    # "Integer string conversion length limitation": "the default limit is 4300 digits").
+    hostile.tokenize_body = '{"tokens": [' + "9" * 5000 + "], \"count\": 1}"
+    outcome = run_b70ctl(_verify(hostile, tmp_path, "--check", "throughput"))
+    assert_one_line_error(outcome, 1, "")
+    report, _ = _report(tmp_path)
+    assert "POST /tokenize: the answer holds a value that cannot be read" in report["throughput"]["workloads"][0][
+        "error"]
+
+
+def test_a_tokenize_answer_without_a_token_list_fails_the_workload_not_the_run(hostile, tmp_path):
+    hostile.tokenize_body = '{"tokens": "none"}'
+    outcome = run_b70ctl(_verify(hostile, tmp_path, "--check", "throughput"))
+    assert_one_line_error(outcome, 1, "")
+    report, _ = _report(tmp_path)
+    assert "the answer has no tokens list of integers" in report["throughput"]["workloads"][0]["error"]

@@ -261,7 +261,11 @@ class VllmClient:
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text` as the server's tokenizer sees it (vLLM's /tokenize), no special tokens."""
         answer = self.post_json("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
-        return list(answer["tokens"])
+        tokens = answer.get("tokens")
+        if not isinstance(tokens, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in tokens):
+            raise EndpointError("POST /tokenize: the answer has no tokens list of integers: not vLLM's /tokenize",
+                                200)
+        return tokens
 
     def detokenize(self, token_ids: list[int]) -> str:
         return str(self.post_json("/detokenize", {"model": self.model, "tokens": token_ids})["prompt"])
