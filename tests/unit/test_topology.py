@@ -78,10 +78,12 @@ def stub_loader(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return library
 
 
-def use_stub(monkeypatch: pytest.MonkeyPatch, library: Path, devices: str, access: bool, init_result: int = 0) -> None:
+def use_stub(monkeypatch: pytest.MonkeyPatch, library: Path, devices: str, access: bool, init_result: int = 0,
+             ipc_open: bool = False) -> None:
     monkeypatch.setenv("B70CTL_ZE_LOADER", str(library))
     monkeypatch.setenv("ZE_STUB_DEVICES", devices)
     monkeypatch.setenv("ZE_STUB_PEER_ACCESS", "1" if access else "0")
+    monkeypatch.setenv("ZE_STUB_IPC_OPEN", "1" if ipc_open else "0")
     monkeypatch.setenv("ZE_STUB_INIT_RESULT", str(init_result))
 
 
@@ -170,15 +172,29 @@ def test_profiles_carry_the_documented_oncl_sets() -> None:
 
 def test_level_zero_confirms_a_pair_whose_acs_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        stub_loader: Path) -> None:
-    use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=True)
+    use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=True, ipc_open=True)
     document = analyse(collect_facts(build_tree(tmp_path, "b70x2-switch-user")))
     (pair,) = document["pairs"]
     assert (pair["p2p_from_topology"], pair["p2p"]) == (None, True)
-    assert pair["probe"]["status"] == "confirmed"
+    assert pair["probe"]["status"] == "confirmed" and pair["probe"]["peer_memory_opened"] is True
     assert "0000:05:00.0->0000:09:00.0 zeDeviceCanAccessPeer=True p2p flags access=True atomics=True" in \
         pair["probe"]["detail"]
-    # zeDeviceCanAccessPeer is what oneCCL asks, and it said yes on hosts that then failed zeMemOpenIpcHandle.
-    assert pair["probe"]["peer_memory_opened"] is False
+    assert document["profile"] == "p2p"
+    assert document["profile_reason"] == "p2p: peer memory opened between every pair of GPUs 0,1"
+
+
+def test_peer_access_without_opening_peer_memory_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           stub_loader: Path) -> None:
+    """zeDeviceCanAccessPeer is what oneCCL asks, and X570 dual-B70 hosts then died at "zeMemOpenIpcHandle
+    ZE_RESULT_ERROR_INVALID_ARGUMENT" (SergiioB/intel-arc-pro-b70-inference-cookbook#8, docs/facts.md "Field
+    reports"): the stub allows access and fails the open the same way."""
+    use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=True, ipc_open=False)
+    document = analyse(collect_facts(build_tree(tmp_path, "b70x2-switch")))
+    (pair,) = document["pairs"]
+    assert (pair["p2p_from_topology"], pair["p2p"]) == (True, False)
+    assert pair["probe"]["status"] == "refused" and pair["probe"]["peer_memory_opened"] is False
+    assert "zeDeviceCanAccessPeer=True" in pair["probe"]["detail"]
+    assert "zeMemOpenIpcHandle returned ZE_RESULT_ERROR_INVALID_ARGUMENT" in pair["probe"]["detail"]
     assert document["profile"] == "no-p2p"
     assert document["probe"] == {"tool": str(stub_loader), "status": "probed", "detail": None}
 
@@ -200,11 +216,11 @@ def test_level_zero_joins_devices_by_pci_address(tmp_path: Path, monkeypatch: py
     root = build_tree(tmp_path, "b70x4-two-switches")
     facts = collect_facts(root)
     addresses = [gpu["pci_address"] for gpu in facts["gpus"]]
-    use_stub(monkeypatch, stub_loader, ",".join(reversed(addresses)), access=True)
+    use_stub(monkeypatch, stub_loader, ",".join(reversed(addresses)), access=True, ipc_open=True)
     document = analyse(facts, tensor_parallel_size=2)
     probed = [pair for pair in document["pairs"] if pair["probe"]]
     assert [(pair["a_address"], pair["b_address"]) for pair in probed] == [(addresses[0], addresses[1])]
-    assert probed[0]["probe"]["status"] == "confirmed" and document["profile"] == "no-p2p"
+    assert probed[0]["probe"]["status"] == "confirmed" and document["profile"] == "p2p"
 
 
 def test_a_missing_loader_falls_back_to_the_kernel_rule(tmp_path: Path, no_ze_loader: None) -> None:
@@ -314,12 +330,13 @@ def test_written_document_loads_as_the_typed_model(tmp_path: Path, scenario: str
 
 def test_probed_document_loads_as_the_typed_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  stub_loader: Path) -> None:
-    use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=True)
+    use_stub(monkeypatch, stub_loader, "0000:05:00.0,0000:09:00.0", access=True, ipc_open=True)
     root = build_tree(tmp_path, "b70x2-switch-user")
     topology(root, write=True)
     document = load_topology(Path(root) / TOPOLOGY_PATH.lstrip("/"))
     assert document.pairs[0].probe is not None and document.pairs[0].probe.status == "confirmed"
-    assert document.profile == "no-p2p" and document.schema_version == 2
+    assert document.pairs[0].probe.peer_memory_opened is True
+    assert document.profile == "p2p" and document.schema_version == 2
 
 
 def test_a_schema_1_document_still_loads(tmp_path: Path, no_ze_loader: None) -> None:

@@ -2,7 +2,9 @@
  * of oneapi-src/level-zero include/ze_api.h. Behaviour comes from the environment:
  *   ZE_STUB_INIT_RESULT   zeInit's return value (default 0, ZE_RESULT_SUCCESS)
  *   ZE_STUB_DEVICES       PCI addresses of the GPUs, "0000:03:00.0,0000:07:00.0"
- *   ZE_STUB_PEER_ACCESS   1: every pair can access its peer, 0: none */
+ *   ZE_STUB_PEER_ACCESS   1: every pair can access its peer, 0: none
+ *   ZE_STUB_IPC_OPEN      1: zeMemOpenIpcHandle opens a peer's memory, else it returns
+ *                         ZE_RESULT_ERROR_INVALID_ARGUMENT (what X570 dual-B70 hosts got, docs/facts.md) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,4 +93,48 @@ int32_t zeDeviceGetP2PProperties(void *device, void *peer, p2p_properties *prope
     if (properties->stype != 0xb || index_of(device) < 0 || index_of(peer) < 0) return 0x78000004;
     properties->flags = peer_access() ? 0x3 : 0x0;
     return 0;
+}
+
+/* The IPC path: one context, one allocation per call, the handle's bytes carry the allocation's address. */
+static int context_token;
+static char allocation[2 * 1024 * 1024];
+typedef struct { char data[64]; } ipc_handle;
+
+int32_t zeContextCreate(void *driver, const void *desc, void **context) {
+    if (driver != &driver_token || !desc) return 0x78000004;
+    *context = &context_token;
+    return 0;
+}
+
+int32_t zeContextDestroy(void *context) { return context == &context_token ? 0 : 0x78000004; }
+
+int32_t zeMemAllocDevice(void *context, const void *desc, size_t size, size_t alignment, void *device, void **ptr) {
+    (void)alignment;
+    if (context != &context_token || !desc || index_of(device) < 0 || size > sizeof(allocation)) return 0x78000004;
+    *ptr = allocation;
+    return 0;
+}
+
+int32_t zeMemFree(void *context, void *ptr) { return context == &context_token && ptr == allocation ? 0 : 0x78000004; }
+
+int32_t zeMemGetIpcHandle(void *context, const void *ptr, ipc_handle *handle) {
+    if (context != &context_token || ptr != allocation) return 0x78000004;
+    memset(handle->data, 0, sizeof(handle->data));
+    memcpy(handle->data, &ptr, sizeof(ptr));
+    return 0;
+}
+
+int32_t zeMemOpenIpcHandle(void *context, void *device, ipc_handle handle, uint32_t flags, void **ptr) {
+    const char *value = getenv("ZE_STUB_IPC_OPEN");
+    void *source;
+    (void)flags;
+    memcpy(&source, handle.data, sizeof(source));
+    if (context != &context_token || index_of(device) < 0 || source != allocation) return 0x78000004;
+    if (!(value && value[0] == '1')) return 0x78000004;
+    *ptr = source;
+    return 0;
+}
+
+int32_t zeMemCloseIpcHandle(void *context, const void *ptr) {
+    return context == &context_token && ptr == allocation ? 0 : 0x78000004;
 }

@@ -15,6 +15,20 @@ Signatures, structure layouts and values below are those of oneapi-src/level-zer
   ze_result_t zeDeviceGetP2PProperties(ze_device_handle_t, ze_device_handle_t hPeer, ze_device_p2p_properties_t*)
                                                                              stype 0xb; flags ACCESS = 1, ATOMICS = 2
 ze_result_t is a 32-bit enum (ZE_RESULT_SUCCESS = 0), ze_bool_t a uint8_t, handles are pointers.
+
+zeDeviceCanAccessPeer said yes on X570 dual-B70 hosts whose TP=2 start then died at zeMemOpenIpcHandle
+INVALID_ARGUMENT (docs/facts.md, "Field reports"), so a pair it allows is then opened the way oneCCL's IPC path
+does: memory allocated on one device, its IPC handle opened on the other, and back (peer_memory_opened):
+  ze_result_t zeContextCreate(ze_driver_handle_t, const ze_context_desc_t*, ze_context_handle_t*)  stype 0xd
+  ze_result_t zeMemAllocDevice(ze_context_handle_t, const ze_device_mem_alloc_desc_t*, size_t size,
+                               size_t alignment, ze_device_handle_t, void** pptr)                 stype 0x15
+  ze_result_t zeMemGetIpcHandle(ze_context_handle_t, const void* ptr, ze_ipc_mem_handle_t*)  (char data[64])
+  ze_result_t zeMemOpenIpcHandle(ze_context_handle_t, ze_device_handle_t, ze_ipc_mem_handle_t (by value),
+                                 ze_ipc_memory_flags_t, void** pptr)
+  ze_result_t zeMemCloseIpcHandle(ze_context_handle_t, const void*), zeMemFree(ze_context_handle_t, void*),
+              zeContextDestroy(ze_context_handle_t)
+This opens the handle in this one process; oneCCL's ranks are separate processes, so a pass here is the least
+the pair must do (ze_peer across processes is the stronger test), a failure here is the field's failure.
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ ZE_RESULT_NAMES = {
     0x70000001: "ZE_RESULT_ERROR_DEVICE_LOST",
     0x78000001: "ZE_RESULT_ERROR_UNINITIALIZED",
     0x78000003: "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE",
+    0x78000004: "ZE_RESULT_ERROR_INVALID_ARGUMENT",
 }
 ZE_INIT_FLAG_GPU_ONLY = 1
 ZE_DEVICE_TYPE_GPU = 1
@@ -39,6 +54,10 @@ ZE_STRUCTURE_TYPE_DEVICE_P2P_PROPERTIES = 0xB
 ZE_STRUCTURE_TYPE_PCI_EXT_PROPERTIES = 0x10008
 ZE_DEVICE_P2P_PROPERTY_FLAG_ACCESS = 1
 ZE_DEVICE_P2P_PROPERTY_FLAG_ATOMICS = 2
+ZE_STRUCTURE_TYPE_CONTEXT_DESC = 0xD
+ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC = 0x15
+ZE_MAX_IPC_HANDLE_SIZE = 64
+PROBE_ALLOCATION_BYTES = 2 * 1024 * 1024  # one 2 MiB page: small, and the size oneCCL's buffers are rounded to
 
 
 class DeviceProperties(ctypes.Structure):
@@ -83,6 +102,25 @@ class P2PProperties(ctypes.Structure):
     _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p), ("flags", ctypes.c_uint32)]
 
 
+class ContextDesc(ctypes.Structure):
+    """ze_context_desc_t."""
+
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p), ("flags", ctypes.c_uint32)]
+
+
+class DeviceMemAllocDesc(ctypes.Structure):
+    """ze_device_mem_alloc_desc_t."""
+
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p), ("flags", ctypes.c_uint32),
+                ("ordinal", ctypes.c_uint32)]
+
+
+class IpcMemHandle(ctypes.Structure):
+    """ze_ipc_mem_handle_t."""
+
+    _fields_ = [("data", ctypes.c_char * ZE_MAX_IPC_HANDLE_SIZE)]
+
+
 class LevelZeroUnavailable(Exception):
     """The loader is missing or does not initialise: the caller falls back to the kernel's rule."""
 
@@ -115,6 +153,14 @@ def _load(path: str) -> Any:
         "zeDevicePciGetPropertiesExt": [handle, ctypes.POINTER(PciProperties)],
         "zeDeviceCanAccessPeer": [handle, handle, ctypes.POINTER(ctypes.c_uint8)],
         "zeDeviceGetP2PProperties": [handle, handle, ctypes.POINTER(P2PProperties)],
+        "zeContextCreate": [handle, ctypes.POINTER(ContextDesc), ctypes.POINTER(handle)],
+        "zeContextDestroy": [handle],
+        "zeMemAllocDevice": [handle, ctypes.POINTER(DeviceMemAllocDesc), ctypes.c_size_t, ctypes.c_size_t, handle,
+                             ctypes.POINTER(handle)],
+        "zeMemFree": [handle, handle],
+        "zeMemGetIpcHandle": [handle, handle, ctypes.POINTER(IpcMemHandle)],
+        "zeMemOpenIpcHandle": [handle, handle, IpcMemHandle, ctypes.c_uint32, ctypes.POINTER(handle)],
+        "zeMemCloseIpcHandle": [handle, handle],
     }
     for name, argtypes in signatures.items():
         try:
@@ -132,8 +178,8 @@ def _check(code: int, call: str) -> None:
         raise LevelZeroUnavailable("failed", "%s returned %s" % (call, result_name(code)))
 
 
-def _gpu_devices(library: Any) -> List[Tuple[Any, str, str]]:
-    """(handle, PCI address, vendor:device) of every GPU of every driver."""
+def _gpu_devices(library: Any, drivers_by_device: Dict[Any, Any]) -> List[Tuple[Any, str, str]]:
+    """(handle, PCI address, vendor:device) of every GPU of every driver; drivers_by_device gets each one's driver."""
     count = ctypes.c_uint32(0)
     _check(library.zeDriverGet(ctypes.byref(count), None), "zeDriverGet")
     drivers = (ctypes.c_void_p * count.value)()
@@ -154,6 +200,7 @@ def _gpu_devices(library: Any) -> List[Tuple[Any, str, str]]:
             address = "%04x:%02x:%02x.%x" % (pci.address.domain, pci.address.bus, pci.address.device,
                                              pci.address.function)
             devices.append((device, address, "%04x:%04x" % (properties.vendorId, properties.deviceId)))
+            drivers_by_device[device] = driver
     return devices
 
 
@@ -166,7 +213,8 @@ def peer_access(pci_pairs: List[Tuple[str, str]], library_path: Optional[str] = 
     if code != ZE_RESULT_SUCCESS:
         raise LevelZeroUnavailable("init_failed", "zeInit(ZE_INIT_FLAG_GPU_ONLY) returned %s (is the xe driver "
                                                   "loaded and /dev/dri/renderD* readable?)" % result_name(code))
-    by_address = {address: handle for handle, address, _ in _gpu_devices(library)}
+    drivers: Dict[Any, Any] = {}
+    by_address = {address: handle for handle, address, _ in _gpu_devices(library, drivers)}
     answers: Dict[Tuple[str, str], Dict[str, Any]] = {}
     for a, b in pci_pairs:
         if a not in by_address or b not in by_address:
@@ -187,5 +235,48 @@ def peer_access(pci_pairs: List[Tuple[str, str]], library_path: Optional[str] = 
         detail = "; ".join("%s->%s zeDeviceCanAccessPeer=%s p2p flags access=%s atomics=%s" % (
             source, target, can, flag, atomics) for (source, target), (can, flag, atomics) in zip(
                 ((a, b), (b, a)), directions))
-        answers[(a, b)] = {"status": "confirmed" if access else "refused", "detail": detail}
+        opened = False
+        if access:
+            failure = None
+            for source, target in ((a, b), (b, a)):
+                failure = _open_peer_memory(library, drivers[by_address[source]], by_address[source],
+                                            by_address[target])
+                if failure:
+                    detail += "; %s memory opened on %s: %s" % (source, target, failure)
+                    break
+            opened = failure is None
+            if opened:
+                detail += "; IPC handles of %d-byte allocations opened on the peer both ways" % PROBE_ALLOCATION_BYTES
+        # A pair the runtime allows but whose memory does not open is the field's failure: refused, not confirmed.
+        answers[(a, b)] = {"status": "confirmed" if access and opened else "refused", "detail": detail,
+                           "peer_memory_opened": opened}
     return answers
+
+
+def _open_peer_memory(library: Any, driver: Any, owner: Any, peer: Any) -> Optional[str]:
+    """Allocate on owner, open its IPC handle on peer, release everything: None when it opened, else the failure."""
+    context = ctypes.c_void_p()
+    code = library.zeContextCreate(driver, ctypes.byref(ContextDesc(stype=ZE_STRUCTURE_TYPE_CONTEXT_DESC)),
+                                   ctypes.byref(context))
+    if code != ZE_RESULT_SUCCESS:
+        return "zeContextCreate returned %s" % result_name(code)
+    memory, mapped = ctypes.c_void_p(), ctypes.c_void_p()
+    try:
+        code = library.zeMemAllocDevice(context, ctypes.byref(DeviceMemAllocDesc(
+            stype=ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC)), PROBE_ALLOCATION_BYTES, 0, owner, ctypes.byref(memory))
+        if code != ZE_RESULT_SUCCESS:
+            return "zeMemAllocDevice returned %s" % result_name(code)
+        handle = IpcMemHandle()
+        code = library.zeMemGetIpcHandle(context, memory, ctypes.byref(handle))
+        if code != ZE_RESULT_SUCCESS:
+            return "zeMemGetIpcHandle returned %s" % result_name(code)
+        code = library.zeMemOpenIpcHandle(context, peer, handle, 0, ctypes.byref(mapped))
+        if code != ZE_RESULT_SUCCESS:
+            return "zeMemOpenIpcHandle returned %s" % result_name(code)
+        return None
+    finally:
+        if mapped.value:
+            library.zeMemCloseIpcHandle(context, mapped)
+        if memory.value:
+            library.zeMemFree(context, memory)
+        library.zeContextDestroy(context)

@@ -429,8 +429,8 @@ def analyse(facts: Dict[str, Any], tensor_parallel_size: Optional[int] = None, p
                 for (a, b), key in zip(wanted, addresses):
                     answer = answers[key]
                     apply_probe(pairs_by_index[(a, b)], Probe(answer["status"], [
-                        tool, "zeDeviceCanAccessPeer", "zeDeviceGetP2PProperties", key[0], key[1]], None, None,
-                        answer["detail"]))
+                        tool, "zeDeviceCanAccessPeer", "zeDeviceGetP2PProperties", "zeMemOpenIpcHandle", key[0],
+                        key[1]], None, None, answer["detail"], bool(answer.get("peer_memory_opened"))))
                 probe_state["status"] = "probed"
     decision = decide(gpus, pairs, tensor_parallel_size, profile, pci_ids)
     by_index = {gpu["index"]: gpu for gpu in gpus}
