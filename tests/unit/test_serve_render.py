@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
@@ -29,6 +30,7 @@ from b70ctl.serve.local import LocalServer, bound_cores
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container, render_serve, render_xpu_container
 from sysfs_trees import build_tree
 
+REPO = Path(__file__).resolve().parents[2]
 CONTEXT = ServeContext(model_dir="/models/target", drafter_dir="/models/drafter", host="0.0.0.0", port=8000)
 
 PRESENT = object()  # a flag without a value (--async-scheduling)
@@ -45,11 +47,16 @@ class Fact(NamedTuple):
     source: str
 
 
-# ---- the BF16 one-token guard (docs/facts.md, "Known failures"): on the target-only baseline only
-ONE_TOKEN_CRASH = "Known failures: BF16 target-only one-token prompt crashes the ESIMD decode kernel (query must be " \
-    "fp16); spec decode hides it because verification runs k+1 tokens; workarounds: FP16, or DISABLE_ESIMD_PAGE_ATTN=1"
-SPECULATION_HIDES_THE_CRASH = ONE_TOKEN_CRASH + " (the speculative server never takes that path: its rate is " \
-    "the claim, so it runs as the recipe says)"
+# ---- the BF16 one-token guard: on the speculative server and the baseline of route a
+ONE_TOKEN_CRASH = "FACTS.md, Known failures (CORRECTED 2026-12-02): the seed's replication hit it on the SPECULATIVE " \
+    "recipe (\"entered the ESIMD decode kernel before drafting\"): the prefill of a one-token prompt has " \
+    "max_query_len == 1, the kernel's gate in the multi-arc patch; ... Workarounds: FP16, or " \
+    "DISABLE_ESIMD_PAGE_ATTN=1 (free for speculative decode). The seed, /work/shared/seeds/000_693d97fa2a0e0e9d.txt: \"A raw completion " \
+    "containing only one prompt token entered the ESIMD decode kernel before drafting and failed\""
+UPSTREAM_HAS_NO_ESIMD_GATE = "the variable is read by intel/llm-scaler's vllm/patches/vllm_for_multi_arc.patch " \
+    "(8d66bf9, line 13021: `os.environ.get(\"DISABLE_ESIMD_PAGE_ATTN\") != \"1\"`), beside " \
+    "`attn_metadata.max_query_len == 1`; no vllm-project/vllm file in the searched source index reads it: route b " \
+    "is upstream vLLM, which has no such kernel"
 
 # ---- route a: pr620-fp8-tp2 (docs/facts.md, "Serving (route a: the PR #620 recipe)")
 ROUTE_A_SERVE = "Serving (route a): serve: `--tensor-parallel-size 2 --gpu-memory-utilization 0.90 --max-model-len " \
@@ -79,7 +86,7 @@ ROUTE_A = [
     Fact("env", "VLLM_USE_V2_MODEL_RUNNER", "0", ROUTE_A_ENV),
     Fact("env", "VLLM_USE_AOT_COMPILE", "0", ROUTE_A_ENV),
     Fact("env", "VLLM_XPU_ENABLE_XPU_GRAPH", "0", ROUTE_A_ENV),
-    Fact("env", "DISABLE_ESIMD_PAGE_ATTN", ABSENT, SPECULATION_HIDES_THE_CRASH),
+    Fact("env", "DISABLE_ESIMD_PAGE_ATTN", "1", ONE_TOKEN_CRASH),
     Fact("env", "DSPARK_ADAPTIVE_BLOCK", ABSENT,
          "Serving (route a): optional confidence truncation behind DSPARK_ADAPTIVE_BLOCK=1, off by default"),
 ]
@@ -117,7 +124,7 @@ ROUTE_B = [
          "Serving (route b): It runs only on Model Runner V2: never set VLLM_USE_V2_MODEL_RUNNER=0 with dspark"),
     Fact("env", "VLLM_USE_AOT_COMPILE", ABSENT, ROUTE_B_NO_ENV),
     Fact("env", "VLLM_XPU_ENABLE_XPU_GRAPH", ABSENT, ROUTE_B_NO_ENV),
-    Fact("env", "DISABLE_ESIMD_PAGE_ATTN", ABSENT, SPECULATION_HIDES_THE_CRASH),
+    Fact("env", "DISABLE_ESIMD_PAGE_ATTN", ABSENT, UPSTREAM_HAS_NO_ESIMD_GATE),
 ]
 
 # ---- what every render carries from the ServeContext (where it runs, not how): not docs/facts.md's
@@ -132,8 +139,30 @@ CONTEXT_FLAGS = [
 # ---- the XPU container (docs/facts.md, "Serving (route a)", docker line)
 DOCKER = "Serving (route a): docker: --device /dev/dri/cardN and renderDN for each GPU, -v " \
     "/dev/dri/by-path:/dev/dri/by-path:ro, --network host --shm-size 32g --ipc=host"
+# ---- the compile caches on the host (FACTS.md, "Field reports": "B70 stacks mount compile caches (vLLM's
+# torch.compile cache, ~/.cache/neo_compiler_cache, triton) so a restart does not JIT again")
+CACHES = "FACTS.md, Field reports: B70 stacks mount compile caches (vLLM's torch.compile cache, " \
+    "~/.cache/neo_compiler_cache, triton) so a restart does not JIT again"
+VLLM_CACHE = CACHES + "; vLLM's envs.py: VLLM_CACHE_ROOT (default ~/.cache/vllm) holds the torch.compile cache"
+NEO = CACHES + "; intel/compute-runtime default_cache_config.cpp: `neoCachePersistent = \"NEO_CACHE_PERSISTENT\"`, " \
+    "`neoCacheMaxSize = \"NEO_CACHE_MAX_SIZE\"`, `neoCacheDir = \"NEO_CACHE_DIR\"`; enabled only when " \
+    "NEO_CACHE_PERSISTENT != 0 (compilerCacheDefaultEnabled), and `if (!NEO::pathExists(ret.cacheDir)) ... " \
+    "ret.enabled = false` (so the role creates the directory); `neoCacheMaxSizeDefault = ... gigaByte`"
+TRITON = CACHES + "; triton reads TRITON_CACHE_DIR (default ~/.triton/cache)"
+CACHE_MOUNTS = ["/var/cache/b70/compile/vllm:/var/cache/b70/vllm", "/var/cache/b70/compile/neo:/var/cache/b70/neo",
+                "/var/cache/b70/compile/triton:/var/cache/b70/triton"]
+COMPILE_CACHES = [
+    Fact("env", "VLLM_CACHE_ROOT", "/var/cache/b70/vllm", VLLM_CACHE),
+    Fact("env", "NEO_CACHE_PERSISTENT", "1", NEO),
+    Fact("env", "NEO_CACHE_DIR", "/var/cache/b70/neo", NEO),
+    Fact("env", "NEO_CACHE_MAX_SIZE", str(4 * 2**30), NEO + " (the role's vllm_serve_compile_cache_neo_max_bytes)"),
+    Fact("env", "TRITON_CACHE_DIR", "/var/cache/b70/triton", TRITON),
+]
+
 CONTAINER = [
-    Fact("docker", "-v", ["/dev/dri/by-path:/dev/dri/by-path:ro"], DOCKER),
+    Fact("docker", "-v", ["/dev/dri/by-path:/dev/dri/by-path:ro", *CACHE_MOUNTS],
+         DOCKER + "; " + CACHES + " (the role's vllm_serve_compile_cache_dir, /var/cache/b70/compile)"),
+    *COMPILE_CACHES,
     Fact("docker", "--network", ["host"], DOCKER),
     Fact("docker", "--shm-size", ["32g"], DOCKER),
     Fact("docker", "--ipc", ["host"], DOCKER),
@@ -305,34 +334,69 @@ def test_serve_command_matches_facts(tmp_path: Path, recipe_name: str, scenario:
 
 
 @pytest.mark.parametrize("recipe_name, scenario, profile, facts", CASES, ids=CASE_IDS)
-def test_the_one_token_guard_is_on_the_target_only_baseline_only(tmp_path: Path, recipe_name: str, scenario: str,
-                                                                  profile: str, facts: list[Fact]) -> None:
-    """docs/facts.md, Known failures: the crash is on the target-only path, so the baseline carries the guard; the
-    speculative server (checked flag by flag above) does not. Apart from the guard and the speculative config, the
+def test_the_one_token_guard_is_on_both_servers_of_route_a(tmp_path: Path, recipe_name: str, scenario: str,
+                                                           profile: str, facts: list[Fact]) -> None:
+    """The one-token prompt's prefill takes the ESIMD kernel on the speculative server too, so on route a both
+    servers carry the guard; route b (upstream vLLM) gets none on either. Apart from the speculative config, the
     baseline is the same server, so greedy outputs of the two are compared on the same settings."""
     recipe = load_recipe(recipe_name)
     _, host = written_topology(tmp_path, scenario, recipe.serve.tensor_parallel_size)
     speculative = render_xpu_container(recipe, CONTEXT, host)
     baseline = render_xpu_container(recipe, CONTEXT.model_copy(update={"speculative": False}), host)
     assert recipe.serve.dtype == "bfloat16" and recipe.serve.one_token_prompt_guard == "disable_esimd_page_attn"
-    assert flags(baseline.argv)["--dtype"] == "bfloat16", ONE_TOKEN_CRASH + " (the env workaround keeps BF16)"
-    assert baseline.env == {**speculative.env, "DISABLE_ESIMD_PAGE_ATTN": "1"}, ONE_TOKEN_CRASH
-    assert "DISABLE_ESIMD_PAGE_ATTN" not in speculative.env, SPECULATION_HIDES_THE_CRASH
+    assert flags(baseline.argv)["--dtype"] == flags(speculative.argv)["--dtype"] == "bfloat16", \
+        ONE_TOKEN_CRASH + " (the env workaround keeps BF16)"
+    if recipe.route == "patched":
+        assert speculative.env["DISABLE_ESIMD_PAGE_ATTN"] == baseline.env["DISABLE_ESIMD_PAGE_ATTN"] == "1", \
+            ONE_TOKEN_CRASH
+    else:
+        assert "DISABLE_ESIMD_PAGE_ATTN" not in speculative.env | baseline.env, UPSTREAM_HAS_NO_ESIMD_GATE
+    assert baseline.env == speculative.env
     cut = speculative.argv.index("--speculative-config")
     assert baseline.argv == speculative.argv[:cut] + speculative.argv[cut + 2:]
     assert baseline.docker_args == speculative.docker_args
 
 
-def test_the_float16_guard_changes_the_baseline_dtype_only() -> None:
-    """The other workaround of the same docs/facts.md line ("workarounds: FP16, ..."): the baseline is served FP16,
-    the speculative server keeps the recipe's BF16."""
+def test_the_float16_guard_serves_both_route_a_servers_fp16() -> None:
+    """The other workaround of the same line ("Workarounds: FP16, ..."): on route a both servers are served FP16
+    and neither gets the env; route b keeps the recipe's BF16 (upstream vLLM has no ESIMD kernel to avoid)."""
+    for name, dtype in (("pr620-fp8-tp2", "float16"), ("dspark-int4-tp1", "bfloat16")):
+        recipe = load_recipe(name)
+        recipe = recipe.model_copy(update={"serve": recipe.serve.model_copy(
+            update={"one_token_prompt_guard": "float16"})})
+        speculative = render_serve(recipe, CONTEXT)
+        baseline = render_serve(recipe, CONTEXT.model_copy(update={"speculative": False}))
+        reason = ONE_TOKEN_CRASH if dtype == "float16" else UPSTREAM_HAS_NO_ESIMD_GATE
+        assert flags(speculative.argv)["--dtype"] == flags(baseline.argv)["--dtype"] == dtype, reason
+        assert "DISABLE_ESIMD_PAGE_ATTN" not in speculative.env | baseline.env
+
+
+def test_no_guard_when_the_recipe_says_none() -> None:
+    recipe = load_recipe("pr620-fp8-tp2")
+    recipe = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"one_token_prompt_guard": "none"})})
+    for speculative in (True, False):
+        command = render_serve(recipe, CONTEXT.model_copy(update={"speculative": speculative}))
+        assert flags(command.argv)["--dtype"] == "bfloat16" and "DISABLE_ESIMD_PAGE_ATTN" not in command.env
+
+
+def test_the_compile_cache_directory_is_the_role_s_and_can_be_turned_off(tmp_path: Path) -> None:
+    """The host directory and the NEO cap come from the vllm_serve role (its defaults are render.py's); '' mounts
+    nothing and sets none of the cache variables. A relative or ':'-bearing directory cannot be a docker -v."""
     recipe = load_recipe("dspark-int4-tp1")
-    recipe = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"one_token_prompt_guard": "float16"})})
-    speculative = render_serve(recipe, CONTEXT)
-    baseline = render_serve(recipe, CONTEXT.model_copy(update={"speculative": False}))
-    assert flags(speculative.argv)["--dtype"] == "bfloat16", SPECULATION_HIDES_THE_CRASH
-    assert flags(baseline.argv)["--dtype"] == "float16", ONE_TOKEN_CRASH
-    assert "DISABLE_ESIMD_PAGE_ATTN" not in speculative.env | baseline.env
+    _, host = written_topology(tmp_path, "b70-igpu", recipe.serve.tensor_parallel_size)
+    defaults = yaml.safe_load((REPO / "roles/vllm_serve/defaults/main.yml").read_text())
+    assert CONTEXT.compile_cache_dir == defaults["vllm_serve_compile_cache_dir"]
+    assert CONTEXT.neo_cache_max_bytes == defaults["vllm_serve_compile_cache_neo_max_bytes"]
+    moved = render_xpu_container(recipe, CONTEXT.model_copy(update={"compile_cache_dir": "/srv/cache/",
+                                                                    "neo_cache_max_bytes": 2**30}), host)
+    volumes = docker_options(moved.docker_args)["-v"]
+    assert "/srv/cache/neo:/var/cache/b70/neo" in volumes and moved.env["NEO_CACHE_MAX_SIZE"] == str(2**30), NEO
+    off = render_xpu_container(recipe, CONTEXT.model_copy(update={"compile_cache_dir": ""}), host)
+    assert docker_options(off.docker_args)["-v"] == ["/dev/dri/by-path:/dev/dri/by-path:ro"]
+    assert not {fact.key for fact in COMPILE_CACHES} & set(off.env)
+    for bad in ("relative/dir", "/a:b"):
+        with pytest.raises(ValueError, match="compile_cache_dir"):
+            ServeContext(model_dir="/m", compile_cache_dir=bad)
 
 
 def test_serve_render_cli_prints_the_rendered_command(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, env_problem
-from b70ctl.serve.render import ServeContext, render_container
+from b70ctl.serve.render import DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeContext, render_container
 
 app = typer.Typer(no_args_is_help=True, help="The vLLM serve command, rendered from recipe and host facts.")
 
@@ -75,6 +75,11 @@ def render(
         help="The host's vllm_serve_tuned (host_vars/<host>/b70_tuned.yml) as JSON: its overrides are applied to "
              "the speculative server ({} or absent: the recipe as it is)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help='Print {"argv", "env", "docker_args"} as JSON')] = False,
+    compile_cache_dir: Annotated[str, typer.Option(
+        help="XPU: host directory of the compile caches the container mounts ('' for none)")
+    ] = DEFAULT_COMPILE_CACHE_DIR,
+    neo_cache_max_bytes: Annotated[int, typer.Option(help="XPU: NEO_CACHE_MAX_SIZE of the kernel cache, bytes")
+                                   ] = DEFAULT_NEO_CACHE_MAX_BYTES,
 ) -> None:
     """The server's command line, environment and docker options: the one rendering every consumer uses."""
     from b70ctl.tune.applied import apply_tuned, parse_tuned
@@ -88,8 +93,13 @@ def render(
         loaded, tuned_env = apply_tuned(loaded, parse_tuned(tuned), document.profile if document else None)
     try:
         context = ServeContext(model_dir=model_dir, drafter_dir=drafter_dir, host="0.0.0.0", port=port,
-                               speculative=not baseline, extra_env={**site_env, **tuned_env})
+                               speculative=not baseline, extra_env={**site_env, **tuned_env},
+                               compile_cache_dir=compile_cache_dir, neo_cache_max_bytes=neo_cache_max_bytes)
     except ValidationError as error:
+        field = str(error.errors()[0]["loc"][0])
+        if field in ("compile_cache_dir", "neo_cache_max_bytes"):
+            raise BadInput(f"--{field.replace('_', '-')}: {first_problem(error)}: give an absolute directory without "
+                           "':' (or '') and a byte count >= 0") from error
         raise BadInput(f"--port {port}: {first_problem(error)}: give a TCP port from 1 to 65535") from error
     try:
         command = render_container(loaded, context, document)

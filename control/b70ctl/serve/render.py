@@ -20,6 +20,15 @@ from b70ctl.recipes.model import Recipe
 # vLLM reads the API key from this variable; passing --api-key would put the secret in argv (visible in ps).
 API_KEY_ENV = "VLLM_API_KEY"
 
+# The XPU container's compile caches, kept on the host so a restart does not JIT again (the vllm_serve role
+# creates, caps and removes the directory: its defaults name the same path and cap).
+DEFAULT_COMPILE_CACHE_DIR = "/var/cache/b70/compile"
+# compute-runtime's default cap is 1 GiB (neoCacheMaxSizeDefault); a 27B model's kernels and graphs fit in 4.
+DEFAULT_NEO_CACHE_MAX_BYTES = 4 * 2**30
+CONTAINER_CACHE_ROOT = "/var/cache/b70"
+# (host subdirectory, what reads it): vLLM's torch.compile cache, NEO's GPU kernel cache, triton's kernels.
+COMPILE_CACHES = ("vllm", "neo", "triton")
+
 
 class ServeContext(BaseModel):
     """Where the recipe is served: paths as the vLLM process sees them, and the port."""
@@ -34,6 +43,11 @@ class ServeContext(BaseModel):
     python: str = Field(default_factory=lambda: sys.executable,
                         description="Interpreter for a local (non-container) server")
     extra_env: dict[str, str] = Field(default_factory=dict, description="Host-specific env, e.g. oneCCL profile")
+    compile_cache_dir: str = Field(
+        DEFAULT_COMPILE_CACHE_DIR, pattern=r"^(/[^:,]*)?$",
+        description="Absolute host directory of the XPU container's compile caches, no ':' ('' for none)")
+    neo_cache_max_bytes: int = Field(DEFAULT_NEO_CACHE_MAX_BYTES, ge=0,
+                                     description="NEO_CACHE_MAX_SIZE: the GPU kernel cache's cap in bytes")
 
 
 class ServeCommand(BaseModel):
@@ -85,14 +99,15 @@ def render_serve(recipe: Recipe, context: ServeContext) -> ServeCommand:
     tensor_parallel_size = serve.tensor_parallel_size
     if not context.speculative:
         tensor_parallel_size = serve.baseline_tensor_parallel_size or tensor_parallel_size
-        # The BF16 one-token prompt crash lives in the XPU ESIMD decode kernel of the target-only path:
-        # speculation verifies k+1 tokens and never takes it, so the speculative server (whose rate is the
-        # claim) is left as the recipe says. The CPU backend has no such kernel.
-        if recipe.host.accelerator == "xpu" and dtype == "bfloat16":
-            if serve.one_token_prompt_guard == "float16":
-                dtype = "float16"
-            elif serve.one_token_prompt_guard == "disable_esimd_page_attn":
-                env["DISABLE_ESIMD_PAGE_ATTN"] = "1"
+    # The BF16 one-token prompt crash lives in the ESIMD paged-attention decode kernel of llm-scaler's multi-arc
+    # patch (route a), gated on max_query_len == 1: a one-token prompt's prefill takes it on the speculative server
+    # too (the seed's replication crashed there "before drafting"), so both servers get the guard. Upstream vLLM
+    # (route b) has no such kernel and reads no DISABLE_ESIMD_PAGE_ATTN; the CPU backend has none either.
+    if recipe.route == "patched" and recipe.host.accelerator == "xpu" and dtype == "bfloat16":
+        if serve.one_token_prompt_guard == "float16":
+            dtype = "float16"
+        elif serve.one_token_prompt_guard == "disable_esimd_page_attn":
+            env["DISABLE_ESIMD_PAGE_ATTN"] = "1"
     cpu_tensor_parallel = recipe.host.accelerator == "cpu" and tensor_parallel_size > 1
     if cpu_tensor_parallel:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(tensor_parallel_size)
@@ -139,11 +154,26 @@ def render_xpu_container(recipe: Recipe, context: ServeContext, topology: Topolo
     if len(topology.group) < recipe.serve.tensor_parallel_size:
         raise ValueError(f"recipe {recipe.name} needs {recipe.serve.tensor_parallel_size} GPUs, the host's topology "
                          f"offers {len(topology.group)}")
-    command = render_serve(recipe, context.model_copy(update={"extra_env": {**topology.serve_env(),
+    cache_env, cache_args = compile_cache(context)
+    command = render_serve(recipe, context.model_copy(update={"extra_env": {**topology.serve_env(), **cache_env,
                                                                             **context.extra_env}}))
     devices = [arg for node in topology.group_devices for arg in ("--device", node)]
     profile_args = list(CCL_PROFILES[topology.profile]["docker_args"])
-    return command.model_copy(update={"docker_args": devices + XPU_DOCKER_ARGS + profile_args})
+    return command.model_copy(update={"docker_args": devices + XPU_DOCKER_ARGS + cache_args + profile_args})
+
+
+def compile_cache(context: ServeContext) -> tuple[dict[str, str], list[str]]:
+    """The env and mounts that keep the XPU server's compile caches in the host's directory: vLLM's torch.compile
+    cache (VLLM_CACHE_ROOT), NEO's kernel cache (off unless NEO_CACHE_PERSISTENT=1; NEO_CACHE_DIR must exist, or
+    NEO turns the cache off) and triton's (TRITON_CACHE_DIR). No directory: none (caches die with the container)."""
+    if not context.compile_cache_dir:
+        return {}, []
+    host = context.compile_cache_dir.rstrip("/")
+    inside = {name: f"{CONTAINER_CACHE_ROOT}/{name}" for name in COMPILE_CACHES}
+    env = {"VLLM_CACHE_ROOT": inside["vllm"], "NEO_CACHE_PERSISTENT": "1", "NEO_CACHE_DIR": inside["neo"],
+           "NEO_CACHE_MAX_SIZE": str(context.neo_cache_max_bytes), "TRITON_CACHE_DIR": inside["triton"]}
+    mounts = [arg for name in COMPILE_CACHES for arg in ("-v", f"{host}/{name}:{inside[name]}")]
+    return env, mounts
 
 
 # The CPU serving container: vLLM's engine needs more than docker's 64 MiB of /dev/shm, and host networking
