@@ -419,6 +419,18 @@ def test_serve_render_cli_prints_the_rendered_command(tmp_path: Path) -> None:
     assert seen["env"]["ZE_AFFINITY_MASK"] == "0,1" and seen["env"]["CCL_TOPO_P2P_ACCESS"] == "0"
     assert seen["env"]["CCL_SYCL_ALLTOALL_TMP_BUF"] == "1" and seen["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert seen["docker"]["--cap-add"] == ["SYS_PTRACE"] and seen["docker"]["--ipc"] == ["host"]
+    # The role passes its compile cache directory and NEO cap; a directory docker -v cannot take is exit 2.
+    moved = runner.invoke(app, ["serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", str(path), "--json",
+                                "--compile-cache-dir", "/srv/b70-cache", "--neo-cache-max-bytes", "1024"])
+    assert moved.exit_code == 0, moved.output
+    moved_seen = observed(ServeCommand.model_validate(json.loads(moved.stdout)))
+    assert "/srv/b70-cache/triton:/var/cache/b70/triton" in moved_seen["docker"]["-v"], TRITON
+    assert moved_seen["env"]["NEO_CACHE_MAX_SIZE"] == "1024", NEO
+    bad = runner.invoke(app, ["serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", str(path),
+                              "--compile-cache-dir", "cache"])
+    # BadInput (main() turns it into exit 2), naming the flag and the fix.
+    assert isinstance(bad.exception, BadInput) and "--compile-cache-dir" in str(bad.exception), bad.output
+    assert "give an absolute directory" in str(bad.exception)
 
 
 def test_serve_render_cli_needs_the_topology_for_xpu() -> None:
