@@ -198,9 +198,8 @@ NO_P2P_PROFILE = [
     *(Fact("env", key, ABSENT, P2P_ENV + " (the P2P set: peer IPC between the cards)") for key in P2P_ONLY),
 ]
 
-# ---- the GPUs the server gets, by their /dev/dri/by-path names: DRM minor numbers follow probe order (docs/facts.md,
-# "Field reports": "simpledrm can take card0; B70s seen as card2/card3 ... llm-scaler maps GPUs through
-# /dev/dri/by-path"). The switch host's B70s are 0000:05:00.0 and 0000:09:00.0, the root-port host's 0000:03:00.0
+# ---- the GPUs the server gets, by their /dev/dri/by-path names: DRM minor numbers follow probe order (B70 owners'
+# reports: "simpledrm can take card0; B70s seen as card2/card3 ... llm-scaler maps GPUs through /dev/dri/by-path"). The switch host's B70s are 0000:05:00.0 and 0000:09:00.0, the root-port host's 0000:03:00.0
 # and 0000:06:00.0 (tests/fixtures/sysfs.py); a TP=1 recipe gets the first card only.
 def by_path(*addresses: str) -> list[str]:
     return [f"/dev/dri/by-path/pci-{address}-{kind}" for address in addresses for kind in ("card", "render")]
@@ -228,8 +227,8 @@ TWO_B70 = two_b70("0000:05:00.0", "0000:09:00.0")
 FIRST_B70 = first_b70("0000:05:00.0")
 
 # (recipe, fixture host, expected oneCCL profile, every fact of that render). No fixture host proves P2P (no probe
-# opened peer memory), so TP=2 gets the no-p2p set even on the switch host the kernel's P2PDMA allows (docs/facts.md,
-# "Field reports": "The kernel's P2PDMA rule alone does not predict oneCCL's IPC path").
+# opened peer memory), so TP=2 gets the no-p2p set even on the switch host the kernel's P2PDMA allows (the rule
+# does not predict oneCCL's IPC path: https://github.com/SergiioB/intel-arc-pro-b70-inference-cookbook/issues/8).
 CASES = [
     ("pr620-fp8-tp2", "b70x2-switch", "no-p2p", CONTEXT_FLAGS + ROUTE_A + CONTAINER + NO_P2P_PROFILE + TWO_B70),
     ("pr620-fp8-tp2", "b70x2-root-ports", "no-p2p",

@@ -26,9 +26,10 @@ TOPOLOGY_SCRIPT = REPO / "control" / "b70ctl" / "host" / "topology.py"
 
 # scenario -> (profile, group, [(a, b, relation, acs, p2p, rule)]); each pair's outcome is P2PDMA's
 # (tests/fixtures/README.md). The profile is no-p2p on every tree: the kernel's yes is not proof, no probe opened peer
-# memory (docs/facts.md "Field reports": X570 dual-B70 hosts, AMD Zen and so allowed by P2PDMA, "died at
-# zeMemOpenIpcHandle INVALID_ARGUMENT even in a bare two-process all_reduce"; SergiioB/intel-arc-pro-b70-inference-
-# cookbook#8: "TP2 on 2xB70 fails at zeMemOpenIpcHandle (INVALID_ARGUMENT)", fixed by the four no-p2p variables).
+# memory. https://github.com/SergiioB/intel-arc-pro-b70-inference-cookbook/issues/8, "TP2 on 2xB70 fails at
+# zeMemOpenIpcHandle (INVALID_ARGUMENT)", was closed with the four no-p2p variables from
+# https://github.com/intel/llm-scaler/issues/594, where Intel answered "please try this as a workaround as your host
+# platform does not support P2P".
 EXPECTED = {
     "b70x2-switch": ("no-p2p", [0, 1], [(0, 1, "same_switch", "off", True, "same-switch")]),
     "b70x2-switch-user": ("no-p2p", [0, 1], [(0, 1, "same_switch", "unknown", None,

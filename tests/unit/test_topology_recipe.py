@@ -98,7 +98,7 @@ def test_a_tp2_recipe_on_one_b70_is_refused_even_beside_a_b60(tmp_path: Path) ->
 # SergiioB/intel-arc-pro-b70-inference-cookbook#8, "TP2 on 2xB70 fails at zeMemOpenIpcHandle (INVALID_ARGUMENT)":
 # closed with the four no-p2p variables, "Intel's own documented workaround for exactly this failure"; intel/
 # llm-scaler#594 (Intel's reply there): "please try this as a workaround as your host platform does not support P2P".
-# docs/facts.md "Field reports": those were X570 (AMD) dual-B70 hosts, which P2PDMA's AMD Zen rule allows, while an
+# Those were X570 (AMD) dual-B70 hosts, which P2PDMA's AMD Zen rule allows, while an
 # X870 host measured 28.5 GB/s with ze_peer (intel/llm-scaler#618): the kernel's rule predicts neither.
 
 def test_an_amd_host_the_kernel_allows_gets_no_p2p_with_the_reason(tmp_path: Path) -> None:
@@ -144,7 +144,7 @@ def test_the_override_still_forces_p2p_and_says_so(tmp_path: Path) -> None:
 
 
 # ---- device nodes by path ---------------------------------------------------------------------------------------
-# docs/facts.md "Field reports": "DRM minor numbers follow probe order (simpledrm can take card0; B70s seen as
+# B70 owners' reports: "DRM minor numbers follow probe order (simpledrm can take card0; B70s seen as
 # card2/card3, renderD129/130): llm-scaler maps GPUs through /dev/dri/by-path".
 
 def test_group_devices_are_by_path_and_lead_to_the_b70s_own_nodes(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ Signatures, structure layouts and values below are those of oneapi-src/level-zer
 ze_result_t is a 32-bit enum (ZE_RESULT_SUCCESS = 0), ze_bool_t a uint8_t, handles are pointers.
 
 zeDeviceCanAccessPeer said yes on X570 dual-B70 hosts whose TP=2 start then died at zeMemOpenIpcHandle
-INVALID_ARGUMENT (docs/facts.md, "Field reports"), so a pair it allows is then opened the way oneCCL's IPC path
+INVALID_ARGUMENT (https://github.com/SergiioB/intel-arc-pro-b70-inference-cookbook/issues/8), so a pair it allows is then opened the way oneCCL's IPC path
 does: memory allocated on one device, its IPC handle opened on the other, and back (peer_memory_opened):
   ze_result_t zeContextCreate(ze_driver_handle_t, const ze_context_desc_t*, ze_context_handle_t*)  stype 0xd
   ze_result_t zeMemAllocDevice(ze_context_handle_t, const ze_device_mem_alloc_desc_t*, size_t size,

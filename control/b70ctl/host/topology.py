@@ -16,7 +16,8 @@ installed, confirms or refutes a pair: the runtime's answer beats the inference.
 Profile: `p2p` (the recipe's oneCCL set with CCL_TOPO_P2P_ACCESS=1) only when every pair of the tensor-parallel
 group is proven: a probe opened the peer's memory (Probe.peer_memory_opened). Neither the kernel's P2PDMA rule nor
 zeDeviceCanAccessPeer predicts oneCCL's IPC path: an X870 (AMD) host measured 28.5 GB/s with ze_peer while X570
-(AMD) dual-B70 hosts died at zeMemOpenIpcHandle (docs/facts.md, "Field reports"). Otherwise `no-p2p` (the
+(AMD) dual-B70 hosts died at zeMemOpenIpcHandle (https://github.com/intel/llm-scaler/issues/618,
+https://github.com/SergiioB/intel-arc-pro-b70-inference-cookbook/issues/8). Otherwise `no-p2p` (the
 SIMPLE_THRESHOLD fallback confirmed on dual B70); `profile_reason` says which and why. The host may override it
 (`--profile`, Ansible var) once ze_peer has passed on it. CCL_PROFILES below is the one place the profiles' env vars and
 docker flags are written; the serve renderer reads it (or the copy written into /etc/b70/topology.json).
@@ -394,7 +395,7 @@ def apply_probe(pair: PairTopology, probe: Probe) -> None:
 
 def device_nodes(gpu: Dict[str, Any]) -> List[str]:
     """The card's DRM nodes by their /dev/dri/by-path names: minor numbers follow probe order (simpledrm can take
-    card0; B70s seen as card2/card3), the PCI address does not (docs/facts.md, "Field reports")."""
+    card0; B70 owners report them as card2/card3), the PCI address does not; llm-scaler maps GPUs by path."""
     nodes = []
     for kind in ("card", "render"):
         if gpu.get(kind):
