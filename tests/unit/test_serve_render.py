@@ -199,8 +199,9 @@ NO_P2P_PROFILE = [
 ]
 
 # ---- the GPUs the server gets, by their /dev/dri/by-path names: DRM minor numbers follow probe order (B70 owners'
-# reports: "simpledrm can take card0; B70s seen as card2/card3 ... llm-scaler maps GPUs through /dev/dri/by-path"). The switch host's B70s are 0000:05:00.0 and 0000:09:00.0, the root-port host's 0000:03:00.0
-# and 0000:06:00.0 (tests/fixtures/sysfs.py); a TP=1 recipe gets the first card only.
+# reports: "simpledrm can take card0; B70s seen as card2/card3 ... llm-scaler maps GPUs through /dev/dri/by-path").
+# The switch host's B70s are 0000:05:00.0 and 0000:09:00.0, the root-port host's 0000:03:00.0 and 0000:06:00.0
+# (tests/fixtures/sysfs.py); a TP=1 recipe gets the first card only.
 def by_path(*addresses: str) -> list[str]:
     return [f"/dev/dri/by-path/pci-{address}-{kind}" for address in addresses for kind in ("card", "render")]
 
