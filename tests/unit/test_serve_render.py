@@ -48,11 +48,12 @@ class Fact(NamedTuple):
 
 
 # ---- the BF16 one-token guard: on the speculative server and the baseline of route a
-ONE_TOKEN_CRASH = "FACTS.md, Known failures (CORRECTED 2026-12-02): the seed's replication hit it on the SPECULATIVE " \
-    "recipe (\"entered the ESIMD decode kernel before drafting\"): the prefill of a one-token prompt has " \
-    "max_query_len == 1, the kernel's gate in the multi-arc patch; ... Workarounds: FP16, or " \
-    "DISABLE_ESIMD_PAGE_ATTN=1 (free for speculative decode). The seed, /work/shared/seeds/000_693d97fa2a0e0e9d.txt: \"A raw completion " \
-    "containing only one prompt token entered the ESIMD decode kernel before drafting and failed\""
+ONE_TOKEN_CRASH = "/work/shared/FACTS.md, Known failures (CORRECTED 2026-12-02): the seed's replication hit it " \
+    "on the SPECULATIVE recipe (\"entered the ESIMD decode kernel before drafting\"): the prefill of a one-token " \
+    "prompt has max_query_len == 1, the kernel's gate in the multi-arc patch; ... Workarounds: FP16, or " \
+    "DISABLE_ESIMD_PAGE_ATTN=1 (free for speculative decode). The seed, " \
+    "/work/shared/seeds/000_693d97fa2a0e0e9d.txt: \"A raw completion containing only one prompt token entered " \
+    "the ESIMD decode kernel before drafting and failed\""
 UPSTREAM_HAS_NO_ESIMD_GATE = "the variable is read by intel/llm-scaler's vllm/patches/vllm_for_multi_arc.patch " \
     "(8d66bf9, line 13021: `os.environ.get(\"DISABLE_ESIMD_PAGE_ATTN\") != \"1\"`), beside " \
     "`attn_metadata.max_query_len == 1`; no vllm-project/vllm file in the searched source index reads it: route b " \
@@ -139,9 +140,9 @@ CONTEXT_FLAGS = [
 # ---- the XPU container (docs/facts.md, "Serving (route a)", docker line)
 DOCKER = "Serving (route a): docker: --device /dev/dri/cardN and renderDN for each GPU, -v " \
     "/dev/dri/by-path:/dev/dri/by-path:ro, --network host --shm-size 32g --ipc=host"
-# ---- the compile caches on the host (FACTS.md, "Field reports": "B70 stacks mount compile caches (vLLM's
+# ---- the compile caches on the host (/work/shared/FACTS.md, "Field reports": "B70 stacks mount compile caches (vLLM's
 # torch.compile cache, ~/.cache/neo_compiler_cache, triton) so a restart does not JIT again")
-CACHES = "FACTS.md, Field reports: B70 stacks mount compile caches (vLLM's torch.compile cache, " \
+CACHES = "/work/shared/FACTS.md, Field reports: B70 stacks mount compile caches (vLLM's torch.compile cache, " \
     "~/.cache/neo_compiler_cache, triton) so a restart does not JIT again"
 VLLM_CACHE = CACHES + "; vLLM's envs.py: VLLM_CACHE_ROOT (default ~/.cache/vllm) holds the torch.compile cache"
 NEO = CACHES + "; intel/compute-runtime default_cache_config.cpp: `neoCachePersistent = \"NEO_CACHE_PERSISTENT\"`, " \
