@@ -1080,7 +1080,8 @@ def _topology_file(change: Callable[[dict], object] | None = None, raw: bytes | 
 
 FACTS = r"host facts \S*facts\.json"
 HOST_FACTS_CASES = [
-    Case("fit-facts-good", _facts_file(), 0, ""),
+    # 256 GiB: at TP=2 the image's compute-runtime 26.14 pins a host-RAM mirror of both cards (host/memory.py).
+    Case("fit-facts-good", _facts_file(lambda f: {**f, "ram_total_bytes": 256 * 2 ** 30}), 0, ""),
     Case("fit-facts-ram-string", _facts_file(lambda f: {**f, "ram_total_bytes": "64GB"}), 2,
          FACTS + r": ram_total_bytes: .*integer"),
     Case("fit-facts-gpus-object", _facts_file(lambda f: {**f, "gpus": {"0": f["gpus"][0]}}), 2,

@@ -16,6 +16,7 @@ from b70ctl.host.memory import (
     card_fit,
     host_fit,
     kv_cache_gib,
+    memtotal_gib_min,
     ram_fit,
 )
 from b70ctl.recipes import load_recipe
@@ -143,8 +144,12 @@ def test_a_recipe_in_gib_of_memtotal_is_refused(tmp_path: Path) -> None:
 
 # scenario -> recipe -> (fits, which parts fail)
 HOST_FITS = {
-    ("b70x2-switch", "pr620-fp8-tp2"): (True, []),
-    ("b70x2-root-ports", "pr620-fp8-tp2"): (True, []),
+    # 128 GB hosts (MemTotal 125.7 GiB): the image's compute-runtime 26.14 mirrors both cards' device memory in
+    # host RAM at TP=2 (intel/llm-scaler #618: "intel/llm-scaler-vllm:0.21.0-b3.1 bundles compute-runtime
+    # 26.14.37833.4", ballooning reproduced with "a plain TP=2 vLLM serve of Qwen/Qwen3.8-27B-FP8 across 2x Arc Pro
+    # B70" on a 128GB host).
+    ("b70x2-switch", "pr620-fp8-tp2"): (False, ["ram"]),
+    ("b70x2-root-ports", "pr620-fp8-tp2"): (False, ["ram"]),
     ("b70-igpu", "pr620-fp8-tp2"): (False, ["gpus", "ram"]),
     ("b70-igpu", "dspark-int4-tp1"): (True, []),  # 64 GB host (MemTotal 62.6 GiB) meets a 64 GB minimum
     ("b70x4-two-switches", "pr620-fp8-tp2"): (True, []),
@@ -180,10 +185,41 @@ def test_gpu_shortage_names_what_the_host_has(tmp_path: Path) -> None:
 
 def test_cli_fit_exit_codes(tmp_path: Path) -> None:
     good = CliRunner().invoke(app, ["host", "fit", "--recipe", "pr620-fp8-tp2", "--root",
-                                    build_tree(tmp_path, "b70x2-switch"), "--json"])
+                                    build_tree(tmp_path, "b70x4-two-switches"), "--json"])
     assert good.exit_code == 0, good.output
     assert json.loads(good.stdout)["fits"] is True
     bad = CliRunner().invoke(app, ["host", "fit", "--recipe", "pr620-fp8-tp2", "--root",
                                    build_tree(tmp_path, "b70-igpu"), "--json"])
     assert bad.exit_code == 1
     assert json.loads(bad.stdout)["ram"]["fits"] is False
+
+
+# intel/compute-runtime #953 (https://github.com/intel/compute-runtime/issues/953), as intel/llm-scaler #618
+# (https://github.com/intel/llm-scaler/issues/618) sums it up: from "26.09+", "every large device allocation on one
+# GPU gets an eagerly-pinned host-RAM mirror registered on the peer GPU's context"; the maintainer recommended
+# "downgrading to compute-runtime 26.05" as "the safest option for production". docs/facts.md (Field reports):
+# "~1 GiB of host RAM per GiB of device memory with ZE_AFFINITY_MASK=0,1, none with one GPU visible".
+def test_the_peer_mirror_is_added_with_its_numbers_and_sources(tmp_path: Path) -> None:
+    recipe = load_recipe("pr620-fp8-tp2")
+    result = host_fit(recipe, collect_facts(build_tree(tmp_path, "b70x2-switch")))
+    usable = result.card.usable_vram_gib
+    assert result.ram.compute_runtime == "26.14.37833.4"
+    assert result.ram.peer_mirror_gib == pytest.approx(2 * usable)
+    assert result.ram.memtotal_gib_min == pytest.approx(memtotal_gib_min(recipe.host.ram_gb_min) + 2 * usable)
+    reason = result.ram.reason
+    assert f"plus {2 * usable:.1f} GiB that compute-runtime 26.14.37833.4 pins" in reason
+    for source in ("intel/compute-runtime #953", "#986", "#968", "intel/torch-xpu-ops #5428", "intel/llm-scaler #618"):
+        assert source in reason
+    assert "run an image with compute-runtime 26.05" in reason and "\n" not in reason
+
+
+def test_no_mirror_with_26_05_or_one_visible_gpu(tmp_path: Path) -> None:
+    recipe = load_recipe("pr620-fp8-tp2")
+    facts = collect_facts(build_tree(tmp_path, "b70x2-switch"))
+    variant = recipe.image.variants[0]
+    assert (variant.name, variant.compute_runtime, variant.buildable) == ("umd-26.05", "26.05", False)
+    on_26_05 = recipe.model_copy(update={"image": recipe.image.model_copy(update={"compute_runtime": "26.05"})})
+    result = host_fit(on_26_05, facts)
+    assert result.ram.peer_mirror_gib == 0.0 and result.fits
+    one_gpu = load_recipe("dspark-int4-tp1")  # TP=1: one GPU visible to the server
+    assert host_fit(one_gpu, facts).ram.peer_mirror_gib == 0.0

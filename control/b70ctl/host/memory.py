@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializeAsAny
 
 from b70ctl.recipes.model import Recipe
+from b70ctl.versions import version_at_least
 
 GIB = 1024 ** 3
 # vLLM's default when a recipe leaves gpu_memory_utilization unset.
@@ -35,6 +36,8 @@ MEMMAP_FRACTION = 64 / 4096
 # Firmware reservations (ACPI, the memory below 1 MiB, holes around the PCI window), the kernel image and a crash
 # kernel (Ubuntu's kdump-tools reserve 512 MiB-1 GiB on 4-64 GiB hosts, 2 GiB above): at most 5% of installed RAM.
 RESERVED_FRACTION_MAX = 0.05
+# First compute-runtime release that mirrors device allocations in host RAM with a peer GPU visible.
+PEER_MIRROR_FROM = "26.09"
 
 
 class Fit(BaseModel):
@@ -58,6 +61,8 @@ class CardFit(Fit):
 
 class RamFit(Fit):
     ram_gib: float | None = None  # MemTotal in GiB
+    peer_mirror_gib: float = 0.0  # host RAM compute-runtime 26.09+ pins to mirror device memory (see ram_fit)
+    compute_runtime: str | None = None  # the image's UMD the mirror is reckoned for
     ram_gb_min: float  # installed RAM the recipe needs, GB as sold
     memtotal_gib_min: float  # the least MemTotal a host with ram_gb_min installed shows
     ram_gb_min_source: str
@@ -78,6 +83,7 @@ class HostFit(BaseModel):
     gpus: GpuCountFit
     card: CardFit
     ram: RamFit
+    firmware: SerializeAsAny[Fit] | None = None  # host/firmware.py FirmwareFit: GuC release and VRAM BAR
 
 
 def kv_cache_gib(tokens: int, attention_layers: int, kv_heads: int, head_dim: int, bytes_per_element: float) -> float:
@@ -123,22 +129,47 @@ def memtotal_gib_min(installed_gb: float) -> float:
     return installed_gb * (1 - MEMMAP_FRACTION - RESERVED_FRACTION_MAX)
 
 
-def ram_fit(recipe: Recipe, ram_total_bytes: int | None) -> RamFit:
-    """MemTotal (bytes) against the recipe's installed-RAM minimum, converted to what such a host shows."""
+def peer_mirror_gib(recipe: Recipe, device_gib_per_gpu: float, visible_gpus: int) -> float:
+    """Host RAM compute-runtime 26.09+ pins when a peer GPU is visible: a host-RAM mirror of every large device
+    allocation, ~1 GiB per GiB of device memory with ZE_AFFINITY_MASK=0,1 and none with one GPU visible
+    (intel/compute-runtime #953, #986, #968; intel/torch-xpu-ops #5428; intel/llm-scaler #618 with 26.14 at TP=2).
+    vLLM fills each card to gpu_memory_utilization, so that much per visible card is mirrored; the server sees
+    the TP ranks' GPUs (`visible_gpus`: the host's usable ones, at most TP)."""
+    umd = recipe.image.compute_runtime
+    if recipe.host.accelerator != "xpu" or visible_gpus < 2 or umd is None:
+        return 0.0
+    if not version_at_least(umd, PEER_MIRROR_FROM):
+        return 0.0
+    return device_gib_per_gpu * visible_gpus
+
+
+def ram_fit(recipe: Recipe, ram_total_bytes: int | None, mirror_gib: float = 0.0) -> RamFit:
+    """MemTotal (bytes) against the recipe's installed-RAM minimum, converted to what such a host shows, plus the
+    peer mirror (`mirror_gib`, peer_mirror_gib) the image's compute runtime pins."""
     minimum_gb = recipe.host.ram_gb_min
-    floor_gib = memtotal_gib_min(minimum_gb)
-    common = dict(ram_gb_min=minimum_gb, memtotal_gib_min=floor_gib, ram_gb_min_source=recipe.host.ram_gb_min_source)
+    floor_gib = memtotal_gib_min(minimum_gb) + mirror_gib
+    common = dict(ram_gb_min=minimum_gb, memtotal_gib_min=floor_gib, ram_gb_min_source=recipe.host.ram_gb_min_source,
+                  peer_mirror_gib=mirror_gib, compute_runtime=recipe.image.compute_runtime)
     if ram_total_bytes is None:
         return RamFit(fits=False, reason="host RAM unknown (/proc/meminfo unreadable)", ram_gib=None, **common)
     ram_gib = ram_total_bytes / GIB
     shown = f"host RAM: MemTotal {ram_gib:.1f} GiB"
-    needed = (f"{floor_gib:.1f} GiB, the least MemTotal of a host with {minimum_gb:g} GB installed (RAM is sold in "
-              f"GB of 2^30 bytes; the kernel and firmware keep up to {(MEMMAP_FRACTION + RESERVED_FRACTION_MAX):.1%})")
+    base = f": {floor_gib - mirror_gib:.1f} GiB, " if mirror_gib else ", "
+    needed = (f"{floor_gib:.1f} GiB{base}the least MemTotal of a host with {minimum_gb:g} GB installed (RAM is sold "
+              f"in GB of 2^30 bytes; the kernel and firmware keep up to "
+              f"{(MEMMAP_FRACTION + RESERVED_FRACTION_MAX):.1%})")
+    if mirror_gib:
+        needed += (f" plus {mirror_gib:.1f} GiB that compute-runtime {recipe.image.compute_runtime} pins to mirror "
+                   f"the device memory of GPUs that see a peer (~1 GiB per GiB with a "
+                   "peer GPU visible, 26.09+: intel/compute-runtime #953, #986, #968, intel/torch-xpu-ops #5428, "
+                   "intel/llm-scaler #618; Intel recommends 26.05 until fixed)")
     if ram_gib >= floor_gib:
         return RamFit(fits=True, reason=f"{shown} >= {needed}", ram_gib=ram_gib, **common)
     return RamFit(fits=False, ram_gib=ram_gib, **common,
                   reason=f"{shown} < {needed}: recipe {recipe.name} needs {minimum_gb:g} GB of RAM installed "
-                         f"({recipe.host.ram_gb_min_source}): add RAM or choose a smaller recipe")
+                         f"({recipe.host.ram_gb_min_source}){' and the mirror' if mirror_gib else ''}: add RAM"
+                         f"{', run an image with compute-runtime 26.05' if mirror_gib else ''} or choose a smaller "
+                         "recipe")
 
 
 def usable_gpus(recipe: Recipe, facts: dict[str, Any]) -> list[dict[str, Any]]:
@@ -178,6 +209,11 @@ def host_fit(recipe: Recipe, facts: dict[str, Any], kv_cache_gib_required: float
     gpus = gpu_count_fit(recipe, facts)
     vram, source = host_vram_gib(usable_gpus(recipe, facts)[: max(recipe.serve.tensor_parallel_size, 1)])
     card = card_fit(recipe, vram, source, kv_cache_gib_required)
-    ram = ram_fit(recipe, facts.get("ram_total_bytes"))
-    failed = [part.reason for part in (gpus, card, ram) if not part.fits]
-    return HostFit(recipe=recipe.name, fits=not failed, reasons=failed, gpus=gpus, card=card, ram=ram)
+    from b70ctl.host.firmware import firmware_fit
+
+    visible = min(len(usable_gpus(recipe, facts)), recipe.serve.tensor_parallel_size)
+    ram = ram_fit(recipe, facts.get("ram_total_bytes"), peer_mirror_gib(recipe, card.usable_vram_gib, visible))
+    firmware = firmware_fit(recipe, facts)
+    failed = [part.reason for part in (gpus, card, ram, firmware) if not part.fits]
+    return HostFit(recipe=recipe.name, fits=not failed, reasons=failed, gpus=gpus, card=card, ram=ram,
+                   firmware=firmware)

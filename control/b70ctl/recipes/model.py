@@ -110,8 +110,29 @@ class ImageBuild(Strict):
     patch_series: str | None = Field(None, description="Patch series file applied on top of the base's vLLM")
 
 
+class ImageVariant(Strict):
+    """Another image a recipe can run, named for what differs (e.g. the compute runtime inside it)."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")
+    compute_runtime: str = Field(description="Level Zero GPU driver (UMD) this variant bundles")
+    why: str = Field(min_length=1, description="Why a site would choose it, and from whom the advice comes")
+    buildable: bool = Field(description="Whether the appliance can build this variant today")
+    not_buildable_reason: str | None = None
+
+    @model_validator(mode="after")
+    def _says_why_not(self) -> ImageVariant:
+        if not self.buildable and not self.not_buildable_reason:
+            raise ValueError(f"image variant {self.name!r}: say why it cannot be built (not_buildable_reason)")
+        return self
+
+
 class ImageSpec(Strict):
     reference: str = Field(description="Repository of the serving image, e.g. ghcr.io/rmacy/qwen38-fp8-dspark")
+    compute_runtime: str | None = Field(
+        None, description="Level Zero GPU driver (compute-runtime, the UMD) the image bundles: the image's, not "
+                          "the host's, is the one vLLM runs")
+    compute_runtime_source: str | None = Field(None, description="Where the bundled version is stated")
+    variants: list[ImageVariant] = Field(default_factory=list)
     tag: str | None = Field(None, description="Informational only: images are pulled by the digest in the lock")
     source: Literal["pull", "build"] = "pull"
     build: ImageBuild | None = None
