@@ -280,6 +280,9 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
     for label, value in (("Host", env.hostname), ("Appliance hash", env.appliance_hash),
                          ("Image", env.image_digest), ("Kernel", kernel and kernel + fixtures),
                          ("Firmware", firmware and firmware + fixtures),
+                         # The UMD vLLM runs is the image's own, which the recipe names; the host's may differ.
+                         ("Image compute runtime", recipe.image.compute_runtime
+                          and f"{recipe.image.compute_runtime} ({recipe.image.compute_runtime_source or 'recipe'})"),
                          # gpu_model counts per model already ("2x B70"): the count is not printed twice
                          ("GPUs", env.gpu_model), ("P2P profile", env.p2p_profile)):
         if value:
