@@ -602,6 +602,9 @@ class Recipe(Strict):
                 data["serve"][name] = value
             elif not ONECCL_TUNABLE.match(name):
                 raise ValueError(f"override {name!r}: not a knob b70ctl tunes")
+            elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                # It becomes a line of the unit's env-file: a size in bytes, nothing else.
+                raise ValueError(f"override {name}: the value is not a size in bytes (an integer >= 0)")
         if overrides.get("method") == "ngram" and spec is not None and spec.method != "ngram":
             # The drafter's own settings do not carry over to n-gram drafting: nothing is sampled or verified
             # adaptively without a draft model.

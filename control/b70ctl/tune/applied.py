@@ -20,10 +20,19 @@ from b70ctl.tune.model import Candidate, TunedSettings
 RETUNE = "run playbooks/tune.yml for this host again, or delete its host_vars/<host>/b70_tuned.yml"
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """json.loads keeps the last of a key given twice; a tuned file with two values for one knob is refused."""
+    names = [name for name, _ in pairs]
+    for name in names:
+        if names.count(name) > 1:
+            raise BadInput(f"--tuned (vllm_serve_tuned, b70_tuned.yml): key {name!r} is given twice: {RETUNE}")
+    return dict(pairs)
+
+
 def parse_tuned(text: str) -> TunedSettings | None:
     """The --tuned JSON: the host's vllm_serve_tuned, or {} for a host never tuned (None)."""
     try:
-        document = json.loads(text)
+        document = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as error:
         raise BadInput(f"--tuned is not JSON ({error.msg}): pass the host's vllm_serve_tuned as JSON") from None
     if document in ({}, None):
