@@ -88,3 +88,11 @@ def test_a_small_bar_is_refused_with_the_firmware_setup_fix(tmp_path):
     assert firmware["fits"] is False and 256 in firmware["vram_bar_mib"]
     assert (f"GPU {resource.parent.name}: VRAM BAR (BAR 2) is 256 MiB of 32 GiB VRAM: Resizable BAR is off; "
             "enable Resizable BAR and Above 4G decoding in the firmware (BIOS/UEFI) setup") in firmware["reason"]
+
+
+def test_people_see_the_firmware_part_of_the_fit(tmp_path):
+    root = _tree(tmp_path)
+    _set_guc(root, "70.58.0")
+    done = CliRunner().invoke(app, ["host", "fit", "--recipe", "dspark-int4-tp1", "--root", str(root)])
+    assert done.exit_code == 1
+    assert "FAIL Firmware: GPU" in done.stdout and "ok RAM:" in done.stdout

@@ -155,7 +155,10 @@ def fit_command(
         _print_json(result.model_dump(mode="json"))
     else:
         out = Console()
-        for name, part in (("GPUs", result.gpus), ("VRAM", result.card), ("RAM", result.ram)):
+        for name, part in (("GPUs", result.gpus), ("VRAM", result.card), ("RAM", result.ram),
+                           ("Firmware", result.firmware)):
+            if part is None:
+                continue
             mark = "[green]ok[/]" if part.fits else "[red]FAIL[/]"
             out.print(f"{mark} {name}: {part.reason}", highlight=False)
     if not result.fits:
