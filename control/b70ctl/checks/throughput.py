@@ -70,9 +70,9 @@ MIN_PROMPT_TOKENS = 2
 # (the drafter's reads are left out); the margin covers a bandwidth input measured low (a copy benchmark, not the
 # peak read rate). Per step at most k+1 tokens come out: every draft accepted plus the bonus token.
 ROOFLINE_MARGIN = 3.0
-# Tokens cannot reach the client faster than... they can, in a burst (docs/facts.md, Delivery can lie). The
-# opposite cannot: an engine that claims to decode ten times faster than the tokens ever arrived, on most requests,
-# is reporting a clock, not a decode.
+# A burst makes the client's rate read far above the engine's (docs/facts.md, Added after the first release:
+# "Delivery can lie"); the opposite is no delivery artefact: an engine that claims to decode ten times faster than
+# the tokens ever arrived, on most requests, is reporting a clock, not a decode.
 CLIENT_CONTRADICTION_FACTOR = 10.0
 
 
