@@ -368,7 +368,8 @@ def test_a_p2p_candidate_reaches_vllm_with_its_k_batched_tokens_and_threshold(tm
 
     recipe = load_recipe("pr620-fp8-tp2")
     root = build_tree(tmp_path, "b70x2-switch")
-    topology(root, 2, probe="never", write=True)
+    # p2p only once a probe opened peer memory (host/topology.py); here the host's override after ze_peer passed.
+    topology(root, 2, profile="p2p", probe="never", write=True)
     host = load_topology(Path(root) / TOPOLOGY_PATH.lstrip("/"))
     assert host.profile == "p2p"
     candidates, default = candidates_of(recipe, host.profile)
