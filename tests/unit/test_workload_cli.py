@@ -44,7 +44,8 @@ def invoke(*args: str, stdin: str | None = None) -> Outcome:
 @pytest.fixture()
 def p2p_host(tmp_path: Path) -> tuple[dict, str]:
     root = build_tree(tmp_path, "b70x2-switch")
-    topology(root, tensor_parallel_size=2, write=True)
+    # p2p only once a probe opened peer memory (host/topology.py): the host's override after ze_peer passed.
+    topology(root, tensor_parallel_size=2, profile="p2p", probe="never", write=True)
     return collect_facts(root), (Path(root) / TOPOLOGY_PATH.lstrip("/")).read_text()
 
 
