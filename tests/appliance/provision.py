@@ -78,6 +78,12 @@ def copy_into_host(host: str, source_dir: Path, destination: str) -> None:
                    check=True)
 
 
+# No probe can open peer memory on a test host, so every topology chooses no-p2p by itself (p2p only when proven:
+# control/b70ctl/host/topology.py). The switch host is served as an owner would serve one whose ze_peer run proved
+# peer memory, with the p2p override, so both oneCCL profiles go through the roles.
+SCENARIO_HOST_VARS: dict[str, dict[str, object]] = {"b70x2-switch": {"b70_ccl_profile": "p2p"}}
+
+
 def write_inventory(path: Path, hosts: list[HostUnderTest], ssh_key: str, host_vars: dict[str, dict] | None = None,
                     group_vars: dict[str, object] | None = None) -> Path:
     """A YAML inventory (typed values) for the given hosts, with the test hosts' settings."""
@@ -103,7 +109,8 @@ def write_inventory(path: Path, hosts: list[HostUnderTest], ssh_key: str, host_v
     }
     base_vars.update(group_vars or {})
     inventory = {"all": {"children": {"b70_hosts": {
-        "hosts": {host.name: {"ansible_host": host.address, **(host_vars or {}).get(host.name, {})} for host in hosts},
+        "hosts": {host.name: {"ansible_host": host.address, **SCENARIO_HOST_VARS.get(host.scenario or "", {}),
+                              **(host_vars or {}).get(host.name, {})} for host in hosts},
         "vars": base_vars,
     }}}}
     path.write_text(yaml.safe_dump(inventory, sort_keys=False))

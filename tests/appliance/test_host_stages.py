@@ -46,7 +46,9 @@ def test_topology_document_and_profile(host) -> None:
     test_host, remote = host
     topology = json.loads(remote.file("/etc/b70/topology.json").content_string)
     assert topology["profile"] == EXPECTED_PROFILE[test_host.scenario]
-    assert topology["profile_source"] == "auto"
+    # p2p only when a probe opened peer memory, which no test host can: the switch host's p2p is its override.
+    assert topology["auto_profile"] == "no-p2p"
+    assert topology["profile_source"] == ("override" if test_host.scenario == "b70x2-switch" else "auto")
     assert "changed" not in topology and "path" not in topology
     if topology["profile"] == "p2p":
         assert topology["ccl_env"]["CCL_TOPO_P2P_ACCESS"] == "1"
@@ -159,7 +161,8 @@ def test_profile_override_per_host(provisioned) -> None:
     applied = run_playbook(overridden, "--tags", "gpu_topology")
     assert_recap(applied, [p2p_host.name], changed=1, failed=0)
     topology = json.loads(remote.file("/etc/b70/topology.json").content_string)
-    assert (topology["profile"], topology["auto_profile"], topology["profile_source"]) == ("no-p2p", "p2p", "override")
+    assert (topology["profile"], topology["auto_profile"], topology["profile_source"]) == ("no-p2p", "no-p2p",
+                                                                                            "override")
 
     restored = run_playbook(appliance.work_dir / "provision.yml", "--limit", p2p_host.name, "--tags", "gpu_topology")
     assert_recap(restored, [p2p_host.name], changed=1, failed=0)

@@ -121,7 +121,11 @@ def test_serve_stage_starts_exactly_the_rendered_command(recording_hosts, recipe
     appliance, image_id = recording_hosts
     hosts = appliance.hosts
     names = [host.name for host in hosts]
-    inventory = appliance.inventory(f"recording-{recipe}", hosts, group_vars={
+    tensor_parallel = load_recipe(recipe).serve.tensor_parallel_size
+    # The switch host carries the p2p override (provision.SCENARIO_HOST_VARS); at TP=1 there is no peer traffic and
+    # the host is left to the topology, which gives no-p2p.
+    host_vars = {} if tensor_parallel == 2 else {hosts[0].name: {"b70_ccl_profile": "auto"}}
+    inventory = appliance.inventory(f"recording-{recipe}", hosts, host_vars=host_vars, group_vars={
         "b70_recipe": recipe, "vllm_serve_image_ref": image_id, "vllm_serve_api_key": API_KEY,
         "vllm_serve_health_timeout": 120,
         # Required by preflight for recipes whose models come from the Hub; nothing is downloaded here.
@@ -131,8 +135,8 @@ def test_serve_stage_starts_exactly_the_rendered_command(recording_hosts, recipe
     started = time.monotonic()
     # The host layer as for the embedded default (a B70 recipe's preflight asks for 80 GB of free disk for its
     # weights, which the stand-in never downloads), with the GPU group sized for this recipe's TP.
-    host_inventory = appliance.inventory(f"recording-host-{recipe}", hosts, group_vars={
-        "gpu_topology_tensor_parallel_size": load_recipe(recipe).serve.tensor_parallel_size})
+    host_inventory = appliance.inventory(f"recording-host-{recipe}", hosts, host_vars=host_vars, group_vars={
+        "gpu_topology_tensor_parallel_size": tensor_parallel})
     host_stage = run_playbook(host_inventory, playbook="playbooks/host.yml")
     assert host_stage.returncode == 0, host_stage.output[-6000:]
     for host in hosts:
@@ -149,9 +153,8 @@ def test_serve_stage_starts_exactly_the_rendered_command(recording_hosts, recipe
     assert_recap(serve, names, failed=0)
     print(f"{recipe}: host and serve stages {time.monotonic() - started:.0f} s")
 
-    # TP=2: P2P behind the switch, the fallback on separate root ports. TP=1 has no peer traffic, and the
-    # topology gives the no-p2p set on both (control/b70ctl/host/topology.py).
-    tensor_parallel = load_recipe(recipe).serve.tensor_parallel_size
+    # TP=2: P2P behind the switch (its override), the fallback on separate root ports. TP=1 has no peer traffic,
+    # and the topology gives the no-p2p set on both (control/b70ctl/host/topology.py).
     expected_profile = {hosts[0].name: "p2p" if tensor_parallel == 2 else "no-p2p", hosts[1].name: "no-p2p"}
     for host in hosts:
         remote = on(host.name)
