@@ -84,7 +84,9 @@ def test_host_environment_of_a_bare_host_and_bad_input() -> None:
 
 def test_host_fit_reads_another_hosts_facts_from_stdin(p2p_host) -> None:
     facts, _ = p2p_host
-    fits = invoke("host", "fit", "--recipe", "pr620-fp8-tp2", "--facts", "-", "--json", stdin=json.dumps(facts))
+    # 256 GiB: at TP=2 the image's compute-runtime 26.14 pins a host-RAM mirror of both cards (host/memory.py).
+    roomy = dict(facts, ram_total_bytes=256 * 2 ** 30)
+    fits = invoke("host", "fit", "--recipe", "pr620-fp8-tp2", "--facts", "-", "--json", stdin=json.dumps(roomy))
     assert fits.exit_code == 0, fits.output
     assert json.loads(fits.stdout)["fits"] is True
     one_card = dict(facts, gpus=facts["gpus"][:1], gpu_count=1)
