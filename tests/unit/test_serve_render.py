@@ -140,6 +140,18 @@ CONTEXT_FLAGS = [
 # ---- the XPU container (docs/facts.md, "Serving (route a)", docker line)
 DOCKER = "Serving (route a): docker: --device /dev/dri/cardN and renderDN for each GPU, -v " \
     "/dev/dri/by-path:/dev/dri/by-path:ro, --network host --shm-size 32g --ipc=host"
+# ---- the nodes by path (docs/facts.md, the line after it): docker/cli opts validatePath splits `--device` on ':'
+# (`strings.SplitN(val, ":", 3)` ... `bad mode specified: %s`), which a by-path name holds three of: this
+# project's CI ran the unit with `--device /dev/dri/by-path/pci-...` and docker answered "docker: bad mode
+# specified: 00.0-card." So: one bind mount per node at its by-path name, which compute-runtime's
+# Drm::discoverDevices lists ("/dev/dri/by-path", `-render` entries) before any renderD128 fallback.
+BY_PATH = "docs/facts.md Serving (route a): --mount type=bind,source=<by-path>,target=<by-path> plus " \
+    "--device-cgroup-rule 'c 226:* rwm' and --cap-drop MKNOD; no whole-folder by-path mount"
+DRM_NODE_ACCESS = [
+    Fact("docker", "--device-cgroup-rule", ["c 226:* rwm"], BY_PATH),
+    Fact("docker", "--cap-drop", ["MKNOD"], BY_PATH + " (the rule covers every DRM minor)"),
+    Fact("docker", "--device", ABSENT, BY_PATH + ": docker: bad mode specified: 00.0-card."),
+]
 # ---- the compile caches on the host (/work/shared/FACTS.md, "Field reports": "B70 stacks mount compile caches (vLLM's
 # torch.compile cache, ~/.cache/neo_compiler_cache, triton) so a restart does not JIT again")
 CACHES = "/work/shared/FACTS.md, Field reports: B70 stacks mount compile caches (vLLM's torch.compile cache, " \
@@ -161,8 +173,9 @@ COMPILE_CACHES = [
 ]
 
 CONTAINER = [
-    Fact("docker", "-v", ["/dev/dri/by-path:/dev/dri/by-path:ro", *CACHE_MOUNTS],
-         DOCKER + "; " + CACHES + " (the role's vllm_serve_compile_cache_dir, /var/cache/b70/compile)"),
+    Fact("docker", "-v", CACHE_MOUNTS,
+         BY_PATH + "; " + CACHES + " (the role's vllm_serve_compile_cache_dir, /var/cache/b70/compile)"),
+    *DRM_NODE_ACCESS,
     *COMPILE_CACHES,
     Fact("docker", "--network", ["host"], DOCKER),
     Fact("docker", "--shm-size", ["32g"], DOCKER),
@@ -207,23 +220,27 @@ def by_path(*addresses: str) -> list[str]:
     return [f"/dev/dri/by-path/pci-{address}-{kind}" for address in addresses for kind in ("card", "render")]
 
 
+def bind_mounts(*addresses: str) -> list[str]:
+    return [f"type=bind,source={node},target={node}" for node in by_path(*addresses)]
+
+
 def two_b70(*addresses: str) -> list[Fact]:
     return [Fact("env", "ZE_AFFINITY_MASK", "0,1", ROUTE_A_ENV),
-            Fact("docker", "--device", by_path(*addresses), DOCKER)]
+            Fact("docker", "--mount", bind_mounts(*addresses), BY_PATH)]
 
 
 def first_b70(address: str) -> list[Fact]:
     return [Fact("env", "ZE_AFFINITY_MASK", "0",
                  "not in docs/facts.md for TP=1: the topology's group, the first B70 (route a's mask is 0,1 for "
                  "its two)"),
-            Fact("docker", "--device", by_path(address), DOCKER + " (the one GPU of TP=1)")]
+            Fact("docker", "--mount", bind_mounts(address), BY_PATH + " (the one GPU of TP=1)")]
 
 
 # b70-igpu: the CPU's UHD 770 is card0/renderD128 (i915), the B70 (0000:03:00.0) card1/renderD129.
 B70_BESIDE_AN_IGPU = [
     Fact("env", "ZE_AFFINITY_MASK", "0", "the container sees only the B70, Level Zero device 0"),
-    Fact("docker", "--device", by_path("0000:03:00.0"),
-         DOCKER + "; Hardware: Arc Pro B70 = Battlemage G31, PCI id 8086:e223 (the iGPU is not one)"),
+    Fact("docker", "--mount", bind_mounts("0000:03:00.0"),
+         BY_PATH + "; Hardware: Arc Pro B70 = Battlemage G31, PCI id 8086:e223 (the iGPU is not one)"),
 ]
 TWO_B70 = two_b70("0000:05:00.0", "0000:09:00.0")
 FIRST_B70 = first_b70("0000:05:00.0")
@@ -246,7 +263,8 @@ CASES = [
 CASE_IDS = [f"{recipe}@{host}" for recipe, host, _, _ in CASES]
 
 # The docker options that take a separate value; every other option is `--name` or `--name=value`.
-DOCKER_VALUE_OPTIONS = {"--device", "-v", "--network", "--shm-size", "--cap-add"}
+DOCKER_VALUE_OPTIONS = {"--device", "--mount", "-v", "--network", "--shm-size", "--cap-add", "--cap-drop",
+                        "--device-cgroup-rule"}
 
 
 def written_topology(tmp_path: Path, scenario: str, tensor_parallel_size: int) -> tuple[str, TopologyDocument]:
@@ -301,7 +319,7 @@ def test_serve_command_matches_facts(tmp_path: Path, recipe_name: str, scenario:
     wrong = []
     for fact in facts:
         actual = seen[fact.kind].get(fact.key, ABSENT)
-        if fact.kind == "docker" and fact.key == "--device" and actual is not ABSENT:
+        if fact.kind == "docker" and fact.key == "--mount" and actual is not ABSENT:
             actual = sorted(actual)
             expected = sorted(fact.value)
         else:
@@ -322,7 +340,8 @@ def test_serve_command_matches_facts(tmp_path: Path, recipe_name: str, scenario:
     # (docs/facts.md, Hardware: "Arc Pro B70 = Battlemage G31, PCI id 8086:e223 ... on-board PCIe bridge 8086:e2f0: not
     # a GPU"), and each card comes with both its card and render node, named by path.
     links = Path(root) / "dev/dri/by-path"
-    devices = seen["docker"]["--device"]
+    devices = [dict(part.split("=", 1) for part in mount.split(","))["source"]
+               for mount in seen["docker"]["--mount"]]
     addresses = set()
     for node in devices:
         link = links / Path(node).name
@@ -393,7 +412,7 @@ def test_the_compile_cache_directory_is_the_role_s_and_can_be_turned_off(tmp_pat
     volumes = docker_options(moved.docker_args)["-v"]
     assert "/srv/cache/neo:/var/cache/b70/neo" in volumes and moved.env["NEO_CACHE_MAX_SIZE"] == str(2**30), NEO
     off = render_xpu_container(recipe, CONTEXT.model_copy(update={"compile_cache_dir": ""}), host)
-    assert docker_options(off.docker_args)["-v"] == ["/dev/dri/by-path:/dev/dri/by-path:ro"]
+    assert "-v" not in docker_options(off.docker_args)
     assert not {fact.key for fact in COMPILE_CACHES} & set(off.env)
     for bad in ("relative/dir", "/a:b"):
         with pytest.raises(ValueError, match="compile_cache_dir"):
@@ -520,3 +539,28 @@ def test_a_local_server_refuses_cores_this_machine_does_not_give_it(tmp_path: Pa
     with pytest.raises(BadInput, match=rf"CPU cores \[{absent}\]"):
         server.start()
     assert server.process is None
+
+
+def docker_cli_path_error(value: str) -> str | None:
+    """docker/cli opts validatePath, the rule `-v` and `--device` values pass through: more than two ':' is "bad
+    format for path", three parts make the third the mode (rw/ro/... for volumes, r/w/m for devices)."""
+    if value.count(":") > 2:
+        return f"bad format for path: {value}"
+    parts = value.split(":", 2)
+    if len(parts) == 3 and not set(parts[2].split(",")) <= {"ro", "rw", "z", "Z", "r", "w", "m", "rwm"}:
+        return f"bad mode specified: {parts[2]}"
+    return None
+
+
+@pytest.mark.parametrize("recipe_name, scenario, profile, facts", CASES, ids=CASE_IDS)
+def test_every_rendered_path_option_is_one_docker_accepts(tmp_path: Path, recipe_name: str, scenario: str,
+                                                          profile: str, facts: list[Fact]) -> None:
+    """The by-path names hold three ':' each: passed as `--device` they made docker exit 125 ("docker: bad mode
+    specified: 00.0-card.", this project's CI). No `-v` or `--device` value may trip docker's own rule."""
+    assert docker_cli_path_error("/dev/dri/by-path/pci-0000:03:00.0-card") == "bad mode specified: 00.0-card"
+    recipe = load_recipe(recipe_name)
+    _, host = written_topology(tmp_path, scenario, recipe.serve.tensor_parallel_size)
+    options = docker_options(render_xpu_container(recipe, CONTEXT, host).docker_args)
+    for name in ("-v", "--device"):
+        for value in options.get(name, []):
+            assert docker_cli_path_error(value) is None, (name, value)

@@ -143,9 +143,26 @@ def render_serve(recipe: Recipe, context: ServeContext) -> ServeCommand:
     return ServeCommand(argv=argv, env=env)
 
 
-# What the XPU serving container needs besides the GPUs' device nodes (docs/facts.md, Serving): the by-path names
-# Level Zero resolves cards through, host networking, and shared memory for the TP=2 collectives.
-XPU_DOCKER_ARGS = ["-v", "/dev/dri/by-path:/dev/dri/by-path:ro", "--network", "host", "--shm-size", "32g"]
+# What the XPU serving container needs besides the GPUs' device nodes (docs/facts.md, Serving): host networking
+# and shared memory for the TP=2 collectives.
+XPU_DOCKER_ARGS = ["--network", "host", "--shm-size", "32g"]
+# Linux's DRM character devices (cardN, renderDN) have major 226.
+DRM_MAJOR = 226
+
+
+def device_args(nodes: list[str]) -> list[str]:
+    """The docker options that give the container the group's DRM nodes under their /dev/dri/by-path names.
+
+    `--device` cannot carry them: docker splits its value on ':' into host path, container path and mode, and a
+    by-path name holds three (pci-0000:03:00.0-card: "docker: bad mode specified: 00.0-card."). `--mount` splits
+    on ',' and '=' only, so each node is bind-mounted at its own by-path name (the kernel follows the udev link to
+    the node, whatever minor this boot gave it), and a device-cgroup rule lets the container open DRM nodes. Level
+    Zero finds cards through exactly these names: compute-runtime's Drm::discoverDevices lists /dev/dri/by-path and
+    opens each `pci-<bdf>-render` entry, falling back to /dev/dri/renderD128+ only when the folder is empty. With
+    the rule covering every DRM minor, MKNOD is dropped so the container cannot make nodes for the host's other
+    cards."""
+    mounts = [arg for node in nodes for arg in ("--mount", f"type=bind,source={node},target={node}")]
+    return [*mounts, "--device-cgroup-rule", f"c {DRM_MAJOR}:* rwm", "--cap-drop", "MKNOD"]
 
 
 def render_xpu_container(recipe: Recipe, context: ServeContext, topology: TopologyDocument) -> ServeCommand:
@@ -157,9 +174,9 @@ def render_xpu_container(recipe: Recipe, context: ServeContext, topology: Topolo
     cache_env, cache_args = compile_cache(context)
     command = render_serve(recipe, context.model_copy(update={"extra_env": {**topology.serve_env(), **cache_env,
                                                                             **context.extra_env}}))
-    devices = [arg for node in topology.group_devices for arg in ("--device", node)]
     profile_args = list(CCL_PROFILES[topology.profile]["docker_args"])
-    return command.model_copy(update={"docker_args": devices + XPU_DOCKER_ARGS + cache_args + profile_args})
+    return command.model_copy(update={"docker_args": device_args(topology.group_devices) + XPU_DOCKER_ARGS
+                                      + cache_args + profile_args})
 
 
 def compile_cache(context: ServeContext) -> tuple[dict[str, str], list[str]]:
