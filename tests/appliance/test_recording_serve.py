@@ -10,7 +10,8 @@ the command shows here.
 
 The model stage is not run (it would fetch 30 GB per recipe): the test leaves what it would, placeholder target and
 drafter directories and /etc/b70/models.json; the stand-in reads no weights. The cards' /dev/dri nodes, which
-udev makes on a real host, are made with mknod: the inner `docker run --device` needs them to exist.
+udev makes on a real host, are made with mknod: the unit bind-mounts them into the container by their by-path
+names, and the test looks at them from inside.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1800)]
 
 HOST_PREFIX = "b70-rec"
 HOST_SUBNET = "172.30.74.0/24"
-SCENARIOS = {1: "b70x2-switch", 2: "b70x2-root-ports"}
+# 192 GB hosts: route a's 26.14 image mirrors both cards' memory in host RAM, which a 128 GB host has no room for
+# (host/memory.py; tests/unit/test_memory.py HOST_FITS).
+SCENARIOS = {1: "b70x2-switch-192gb", 2: "b70x2-root-ports-192gb"}
 RECIPES = ["pr620-fp8-tp2", "dspark-int4-tp1"]
 API_KEY = "recorded-stand-in-key-5f1c"
 PORT = 8000  # roles/vllm_serve/defaults/main.yml vllm_serve_port
@@ -178,7 +181,51 @@ def test_serve_stage_starts_exactly_the_rendered_command(recording_hosts, recipe
         image_at = words.index(image_id)
         assert words[image_at - len(command["docker_args"]):image_at] == command["docker_args"]
         assert words[image_at + 1:] == command["argv"]
+        check_device_nodes_inside(host.name, topology)
     check_recipe_facts(recipe, {host.name: recorded(host) for host in hosts}, hosts)
+
+
+# Run inside the serving container: what Level Zero would find there (compute-runtime's Drm::discoverDevices lists
+# /dev/dri/by-path and opens each -render entry), whether the device cgroup lets an open through (EPERM if not;
+# these nodes have no driver behind them, so the kernel answers ENXIO or ENODEV), and whether a node can be made.
+NODE_PROBE = """
+import errno, json, os, stat
+nodes = {}
+for name in sorted(os.listdir("/dev/dri/by-path")):
+    path = "/dev/dri/by-path/" + name
+    info = os.stat(path)
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        opened = "ok"
+    except OSError as error:
+        opened = errno.errorcode[error.errno]
+    nodes[path] = {"char": stat.S_ISCHR(info.st_mode), "rdev": [os.major(info.st_rdev), os.minor(info.st_rdev)],
+                   "open": opened}
+try:
+    os.mknod("/tmp/other-card", stat.S_IFCHR | 0o600, os.makedev(226, 200))
+    made = "ok"
+except OSError as error:
+    made = errno.errorcode[error.errno]
+print(json.dumps({"nodes": nodes, "mknod": made}))
+"""
+
+
+def check_device_nodes_inside(host: str, topology: dict) -> None:
+    """The container holds exactly the group's nodes under their by-path names, as the host's devices (major 226,
+    the minors udev's links lead to), openable as far as the device cgroup goes, and cannot make others."""
+    probe = subprocess.run(["docker", "exec", host, "docker", "exec", "b70-vllm", "python3", "-c", NODE_PROBE],
+                           capture_output=True, text=True, check=True)
+    inside = json.loads(probe.stdout)
+    by_address = {gpu["pci_address"]: gpu for gpu in topology["gpus"]}
+    expected = {}
+    for node in topology["group_devices"]:
+        address, kind = re.fullmatch(r"/dev/dri/by-path/pci-(.+)-(card|render)", node).groups()
+        expected[node] = [DRM_MAJOR, int(re.search(r"(\d+)$", by_address[address][kind]).group(1))]
+    assert sorted(inside["nodes"]) == sorted(expected), inside
+    for node, seen in inside["nodes"].items():
+        assert seen["char"] and seen["rdev"] == expected[node], (node, seen)
+        assert seen["open"] in ("ENXIO", "ENODEV"), (node, seen)  # EPERM: the device cgroup refused it
+    assert inside["mknod"] == "EPERM", inside
 
 
 def check_recipe_facts(recipe: str, records: dict[str, dict], hosts: list[HostUnderTest]) -> None:
