@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -23,7 +24,7 @@ from b70ctl.errors import BadInput
 from b70ctl.host.facts import collect_facts
 from b70ctl.host.memory import KV_CACHE_GIB_MIN, host_fit
 from b70ctl.host.model import load_facts
-from b70ctl.host.topology import PROFILE_CHOICES, TOPOLOGY_PATH, topology
+from b70ctl.host.topology import FALLBACK_PATH, PROFILE_CHOICES, TOPOLOGY_PATH, apply_fallback, fallback_record, topology
 from b70ctl.recipes import load_recipe
 
 app = typer.Typer(no_args_is_help=True, help="Host hardware: GPU inventory, PCIe P2P topology, memory fit.")
@@ -93,6 +94,9 @@ def topology_command(
     recipe: Annotated[str | None, typer.Option(
         "--recipe", show_default=False, help="Build the group only from GPUs of this recipe's PCI ids (name or file); "
         "its tensor-parallel size unless --tensor-parallel-size is given")] = None,
+    fallback_record_path: Annotated[str | None, typer.Option(
+        "--fallback-record", show_default=False, help=f"The serve gate's record of a p2p start that died "
+        f"({FALLBACK_PATH} on a host): no-p2p while it names the group's cards")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """PCIe P2P per GPU pair and the oneCCL profile (p2p / no-p2p) for the tensor-parallel group."""
@@ -104,7 +108,8 @@ def topology_command(
         pci_ids = list(recipe_model.host.gpu_pci_ids)
         if tensor_parallel_size is None and recipe_model.host.accelerator == "xpu":
             tensor_parallel_size = recipe_model.serve.tensor_parallel_size
-    result = topology(root, tensor_parallel_size, profile, probe, write, pci_ids=pci_ids)
+    result = topology(root, tensor_parallel_size, profile, probe, write, pci_ids=pci_ids,
+                      fallback_path=fallback_record_path)
     if as_json:
         _print_json(result)
         return
@@ -121,6 +126,45 @@ def topology_command(
         out.print(f"  {reason}", highlight=False)
     if write:
         out.print(f"{'wrote' if result['changed'] else 'unchanged'} {os.path.join(root, TOPOLOGY_PATH.lstrip('/'))}")
+
+
+@app.command("fallback")
+def fallback_command(
+    topology_path: Annotated[str, typer.Option(
+        "--topology", help="The host's topology.json whose p2p start died, or - for stdin")],
+    signature: Annotated[str, typer.Option(
+        help="The catalogue entry b70ctl diagnose named, one whose fix is the no-p2p profile")],
+    evidence: Annotated[str, typer.Option(help="The log line that showed it")],
+) -> None:
+    """The serve gate's fallback from p2p to no-p2p: print {"record", "topology"} as JSON, the record to keep at
+    /etc/b70/ccl-fallback.json and the topology document to serve with. Exit 2 when the profile is not p2p."""
+    from datetime import datetime, timezone
+
+    from b70ctl.diagnose.catalogue import load_catalogue
+    from b70ctl.host.model import load_topology
+    from b70ctl.redact import printable
+
+    entries = {entry.id: entry for entry in load_catalogue().signatures}
+    entry = entries.get(signature)
+    if entry is None or getattr(entry.fix, "profile", None) != "no-p2p":
+        raise BadInput(f"--signature {signature}: not a catalogue entry whose fix is the no-p2p profile: give the id "
+                       "b70ctl diagnose --json named (e.g. ze-ipc-open-invalid-argument)")
+    if topology_path == "-":
+        text = sys.stdin.read()
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise BadInput(f"--topology -: not JSON ({error.msg}): pipe in /etc/b70/topology.json") from error
+    else:
+        load_topology(Path(topology_path))  # its one-line refusals for a missing or broken file
+        document = json.loads(Path(topology_path).read_text(encoding="utf-8"))
+    if not isinstance(document, dict) or document.get("profile") != "p2p":
+        raise BadInput(f"--topology {topology_path}: the profile is "
+                       f"{document.get('profile') if isinstance(document, dict) else 'missing'}, not p2p: there is "
+                       "nothing to fall back from")
+    at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    record = fallback_record(document, signature, printable(evidence), at)
+    _print_json({"record": record, "topology": apply_fallback(document, record)})
 
 
 @app.command("fit")

@@ -84,6 +84,15 @@ def serve_command_line(rendered: dict[str, Any]) -> str | None:
     return " ".join([*assignments, "vllm", "serve", *(shlex.quote(str(arg)) for arg in argv)])
 
 
+def profile_reason(topology: dict[str, Any]) -> str | None:
+    """Why the host serves its oneCCL profile, with who chose it: the topology's own rule, the owner's override,
+    or the serve gate's fallback after a p2p start died."""
+    reason, source = topology.get("profile_reason"), topology.get("profile_source")
+    if not reason:
+        return None
+    return f"{source}: {reason}" if source in ("override", "fallback") else str(reason)
+
+
 def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environment:
     facts = bundle.facts
     by_model = facts.gpu_count_by_model if facts else {}
@@ -101,6 +110,7 @@ def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environm
         gpu_count=facts.gpu_count if facts else None,
         gpu_model=", ".join(f"{count}x {name}" for name, count in sorted(by_model.items())) or None,
         p2p_profile=bundle.topology.get("profile"),
+        p2p_profile_reason=profile_reason(bundle.topology),
         serve_command=serve_command_line(bundle.serve),
         hardware_root=hardware_root(facts) if facts else None,
     )

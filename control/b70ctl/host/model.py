@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -91,7 +91,10 @@ class TopologyDocument(_Model):
     gpu_pci_ids: list[str] = Field(default_factory=list, description="The recipe's PCI ids the group was built from "
                                    "(empty: any Intel discrete GPU)")
     auto_profile: Profile
-    profile_source: Literal["auto", "override"]
+    profile_source: Literal["auto", "override", "fallback"] = Field(
+        description="auto: the topology's own choice; override: the host's b70_ccl_profile; fallback: the serve "
+                    "gate's record of a p2p start that died (host/topology.py FALLBACK_PATH)")
+    fallback: dict[str, Any] | None = Field(None, description="That record, when profile_source is fallback")
     tensor_parallel_size: int = Field(ge=1)
     group: list[int] = Field(description="Indices (PCI order) of the GPUs the server uses")
     affinity_mask: str = Field(description="ZE_AFFINITY_MASK for the group (Level Zero indices)")

@@ -55,6 +55,10 @@ class TopologyRefused(_Refusal):  # type: ignore[valid-type,misc]
 # Later additions (profile_reason, gpu_pci_ids, a probe's peer_memory_opened) are optional fields of schema 2.
 TOPOLOGY_SCHEMA_VERSION = 2
 TOPOLOGY_PATH = "/etc/b70/topology.json"
+# The serve gate's record of a p2p start that died opening the peer's memory (roles/vllm_serve): while it names
+# the group's cards, the group gets no-p2p whatever the kernel's rule, a probe or an override says.
+FALLBACK_PATH = "/etc/b70/ccl-fallback.json"
+FALLBACK_SCHEMA_VERSION = 1
 PROFILES = ("p2p", "no-p2p")
 PROFILE_CHOICES = ("auto",) + PROFILES
 
@@ -469,6 +473,55 @@ def analyse(facts: Dict[str, Any], tensor_parallel_size: Optional[int] = None, p
     }
 
 
+def group_addresses(document: Dict[str, Any]) -> List[str]:
+    """The PCI addresses of the document's group, in group order: what a fallback record is keyed by (indices
+    follow PCI order and can shift when a card is added; addresses do not)."""
+    by_index = {gpu["index"]: gpu["pci_address"] for gpu in document.get("gpus", [])}
+    return [by_index[index] for index in document.get("group", []) if index in by_index]
+
+
+def fallback_record(document: Dict[str, Any], signature: str, evidence: str, at: str) -> Dict[str, Any]:
+    """What the serve gate keeps when the group's p2p start died at `signature` (a catalogue id whose fix is the
+    no-p2p profile), with the log line that showed it and when."""
+    if document.get("profile") != "p2p":
+        raise TopologyRefused("the topology's profile is %s, not p2p: there is nothing to fall back from"
+                              % document.get("profile"))
+    return {"schema_version": FALLBACK_SCHEMA_VERSION, "from_profile": "p2p", "to_profile": "no-p2p",
+            "group": group_addresses(document), "signature": signature, "evidence": evidence.strip()[:500], "at": at}
+
+
+def apply_fallback(document: Dict[str, Any], record: Optional[Dict[str, Any]],
+                   path: str = FALLBACK_PATH) -> Dict[str, Any]:
+    """The document with no-p2p in place of p2p when `record` (a fallback record) names this group's cards; the
+    document unchanged otherwise (no record, another group, or not p2p). The profile's env and docker flags follow
+    (CCL_PROFILES); profile_reason says what died, when, and how to try p2p again."""
+    if not record or document.get("profile") != "p2p" or record.get("group") != group_addresses(document):
+        return document
+    chosen = CCL_PROFILES["no-p2p"]
+    reason = ("p2p died at start on these cards (%s, %s: %s); the serve gate restarted the server with no-p2p. "
+              "Remove %s on the host to try p2p again" % (record.get("signature"), record.get("at"),
+                                                          record.get("evidence"), path))
+    return dict(document, profile="no-p2p", profile_source="fallback", profile_reason=reason,
+                ccl_env=dict(chosen["env"]), docker_args=list(chosen["docker_args"]), fallback=dict(record))
+
+
+def read_fallback(path: str) -> Optional[Dict[str, Any]]:
+    """The fallback record at `path`; None when there is none. A record that cannot be read is refused: serving
+    p2p again past it would repeat the start that died."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise TopologyRefused("fallback record %s cannot be read (%s): fix or remove it (removing it lets p2p be "
+                              "tried again)" % (path, getattr(error, "strerror", None) or error)) from error
+    if not isinstance(record, dict) or not isinstance(record.get("group"), list):
+        raise TopologyRefused("fallback record %s is not a record of ccl fallback (no group list): remove it, or "
+                              "let the serve gate write it" % path)
+    return record
+
+
 def render_document(document: Dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
@@ -526,10 +579,13 @@ def _write_failure(error: OSError) -> str:
 
 def topology(root: str = "/", tensor_parallel_size: Optional[int] = None, profile: str = "auto",
              probe: str = "auto", write: bool = False, ze_loader: Optional[str] = None,
-             pci_ids: Sequence[str] = ()) -> Dict[str, Any]:
+             pci_ids: Sequence[str] = (), fallback_path: Optional[str] = None) -> Dict[str, Any]:
     """Read facts under root, decide, optionally write; the result carries `changed` (Ansible convention). A
-    tensor-parallel group larger than the host's usable GPUs is never written: the server could not start on it."""
+    tensor-parallel group larger than the host's usable GPUs is never written: the server could not start on it.
+    fallback_path: the serve gate's record (FALLBACK_PATH on a host); when it names the group, no-p2p."""
     document = analyse(collect_facts(root), tensor_parallel_size, profile, probe, ze_loader, pci_ids)
+    if fallback_path:
+        document = apply_fallback(document, read_fallback(fallback_path), fallback_path)
     if write and tensor_parallel_size is not None and len(document["group"]) < tensor_parallel_size:
         usable = len(document["group"])
         raise TopologyRefused(
@@ -559,6 +615,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--write", action="store_true", help="write <root>%s" % TOPOLOGY_PATH)
     parser.add_argument("--pci-id", action="append", default=[], dest="pci_ids", metavar="VENDOR:DEVICE",
                         help="only GPUs of this PCI id join the group (the recipe's host.gpu_pci_ids; repeat)")
+    parser.add_argument("--fallback-record", default=None, metavar="PATH",
+                        help="the serve gate's record of a p2p start that died (%s): no-p2p while it names the "
+                             "group" % FALLBACK_PATH)
     args = parser.parse_args(argv)
     bad = [pci_id for pci_id in args.pci_ids if not _is_pci_id(pci_id)]
     if bad:
@@ -572,7 +631,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         result = topology(args.root, args.tensor_parallel_size, args.profile, args.probe, args.write,
-                          pci_ids=args.pci_ids)
+                          pci_ids=args.pci_ids, fallback_path=args.fallback_record)
     except TopologyRefused as refused:
         sys.stderr.write("error: %s\n" % refused)
         return 2

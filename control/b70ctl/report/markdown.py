@@ -284,7 +284,9 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
                          ("Image compute runtime", recipe.image.compute_runtime
                           and f"{recipe.image.compute_runtime} ({recipe.image.compute_runtime_source or 'recipe'})"),
                          # gpu_model counts per model already ("2x B70"): the count is not printed twice
-                         ("GPUs", env.gpu_model), ("P2P profile", env.p2p_profile)):
+                         ("GPUs", env.gpu_model),
+                         ("P2P profile", env.p2p_profile and (f"{env.p2p_profile} ({env.p2p_profile_reason})"
+                                                              if env.p2p_profile_reason else env.p2p_profile))):
         if value:
             lines.append(f"- {label}: {value}")
     lines += [f"- Run: {report.started_at:%Y-%m-%d %H:%M:%S} UTC, b70ctl {report.tool_version}", ""]

@@ -277,6 +277,8 @@ class Environment(Model):
     gpu_count: int | None = None
     gpu_model: str | None = None
     p2p_profile: str | None = None
+    p2p_profile_reason: str | None = Field(
+        None, description="Why that oneCCL profile (topology.json profile_reason; a serve-gate fallback says so)")
     served_speculative_positions: int | None = Field(None, description="k as the server's /metrics shows it")
     serve_command: str | None = Field(None, description="The host's rendered vLLM command line, when known")
     hardware_root: str | None = Field(

@@ -1,0 +1,165 @@
+"""The serve gate's fallback from p2p to no-p2p, as its pieces run: `b70ctl host fallback` on the controller, the
+record it keeps, and topology.py on the host reading that record on every later host stage.
+
+p2p is served only where a probe opened peer memory or the owner forced it; the threads show the start can still
+die there (intel/llm-scaler #398: "Fails consistently at zeMemOpenIpcHandle during IPC memory sharing between the
+two GPUs"; SergiioB/intel-arc-pro-b70-inference-cookbook #8, X570 dual B70: "Add four env vars to the container.
+Nothing else changes"). The roles' wiring runs for real in tests/appliance/test_recording_serve.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from b70ctl.cli import app
+from b70ctl.host.model import TopologyDocument
+from b70ctl.host.topology import CCL_PROFILES, FALLBACK_PATH, apply_fallback, fallback_record, topology
+from sysfs_trees import REPO, build_tree
+
+TOPOLOGY_SCRIPT = REPO / "control" / "b70ctl" / "host" / "topology.py"
+B70CTL = Path(sys.executable).parent / "b70ctl"
+# The posted log of a dual-B70 TP=2 start (tests/fixtures/field/index.yaml, intel/llm-scaler #398).
+POSTED = REPO / "tests/fixtures/field/logs/s-llm-scaler-398-b70-awq-tp2-ipc.log"
+SIGNATURE = "ze-ipc-open-invalid-argument"
+# tests/fixtures/sysfs.py: the switch host's two B70s.
+SWITCH_GROUP = ["0000:05:00.0", "0000:09:00.0"]
+
+
+@pytest.fixture(autouse=True)
+def no_ze_loader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("B70CTL_ZE_LOADER", str(tmp_path / "absent" / "libze_loader.so.1"))
+
+
+def p2p_document(tmp_path: Path) -> dict:
+    """The switch host served p2p by its owner's override (after ze_peer passed), as the gpu_topology role writes it."""
+    root = build_tree(tmp_path, "b70x2-switch")
+    document = topology(root, 2, profile="p2p", probe="never")
+    assert (document["profile"], document["profile_source"]) == ("p2p", "override")
+    return {key: value for key, value in document.items() if key not in ("changed", "path")}
+
+
+def test_the_role_s_signal_is_the_catalogue_entry_whose_fix_is_no_p2p() -> None:
+    """The vllm_serve role falls back on a diagnosed failure whose fix.profile is no-p2p: on the posted log that is
+    the IPC-open entry, with the posted line as its evidence (what the role passes as --evidence)."""
+    # The role's own call: `b70ctl diagnose --log - --json` with the unit's journal on stdin (exit 1: found).
+    diagnosed = subprocess.run([str(B70CTL), "diagnose", "--log", "-", "--json"], input=POSTED.read_text(),
+                               capture_output=True, text=True)
+    assert diagnosed.returncode == 1, diagnosed.stderr
+    failures = json.loads(diagnosed.stdout)["failures"]
+    falls_back = [failure for failure in failures if (failure["fix"] or {}).get("profile") == "no-p2p"]
+    assert [failure["id"] for failure in falls_back] == [SIGNATURE]
+    assert falls_back[0]["evidence"][0]["text"] == "zeMemOpenIpcHandle, code: ZE_RESULT_ERROR_INVALID_ARGUMENT"
+    main = yaml.safe_load((REPO / "roles/vllm_serve/tasks/main.yml").read_text())
+    rescue = next(task for task in main if task.get("rescue"))["rescue"]
+    signal = next(task for task in rescue if task["name"] == "Name the failure the no-p2p profile fixes")
+    assert "selectattr('fix.profile', 'equalto', 'no-p2p')" in signal["ansible.builtin.set_fact"][
+        "vllm_serve_p2p_failures"]
+
+
+def test_fallback_command_prints_the_record_and_the_no_p2p_topology(tmp_path: Path) -> None:
+    document = p2p_document(tmp_path)
+    posted_line = POSTED.read_text().splitlines()[0]
+    result = CliRunner().invoke(app, ["host", "fallback", "--topology", "-", "--signature", SIGNATURE,
+                                      "--evidence", posted_line], input=json.dumps(document))
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    record, fallen = printed["record"], printed["topology"]
+    assert record["group"] == SWITCH_GROUP and record["signature"] == SIGNATURE
+    assert record["evidence"] == posted_line and (record["from_profile"], record["to_profile"]) == ("p2p", "no-p2p")
+    assert (fallen["profile"], fallen["profile_source"]) == ("no-p2p", "fallback")
+    assert fallen["ccl_env"] == CCL_PROFILES["no-p2p"]["env"]
+    assert fallen["docker_args"] == CCL_PROFILES["no-p2p"]["docker_args"]
+    assert SIGNATURE in fallen["profile_reason"] and FALLBACK_PATH in fallen["profile_reason"]
+    # The document the serve renderer reads: it serves the no-p2p set now.
+    parsed = TopologyDocument.model_validate(fallen)
+    assert parsed.serve_env()["CCL_TOPO_P2P_ACCESS"] == "0" and parsed.fallback == record
+    # Everything else stays as the host stage wrote it.
+    assert {key: value for key, value in fallen.items() if key not in (
+        "profile", "profile_source", "profile_reason", "ccl_env", "docker_args", "fallback")} == {
+        key: value for key, value in document.items() if key not in (
+            "profile", "profile_source", "profile_reason", "ccl_env", "docker_args")}
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("no-p2p", "the profile is no-p2p, not p2p: there is nothing to fall back from"),
+    ("wrong-signature", "--signature xe-engine-reset-fault: not a catalogue entry whose fix is the no-p2p profile"),
+    ("not-json", "--topology -: not JSON"),
+])
+def test_fallback_command_refuses_with_one_line(tmp_path: Path, case: str, expected: str) -> None:
+    document = p2p_document(tmp_path)
+    signature = "xe-engine-reset-fault" if case == "wrong-signature" else SIGNATURE
+    if case == "no-p2p":
+        document["profile"] = "no-p2p"
+    stdin = "{not json" if case == "not-json" else json.dumps(document)
+    result = subprocess.run([str(B70CTL), "host", "fallback", "--topology", "-", "--signature", signature,
+                             "--evidence", "x"], input=stdin, capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == ""
+    assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_record_of_another_group_or_a_no_p2p_document_changes_nothing(tmp_path: Path) -> None:
+    document = p2p_document(tmp_path)
+    record = fallback_record(document, SIGNATURE, "line", "2026-12-02T00:00:00Z")
+    assert apply_fallback(document, dict(record, group=["0000:05:00.0", "0000:0d:00.0"])) == document
+    assert apply_fallback(document, None) == document
+    no_p2p = dict(document, profile="no-p2p")
+    assert apply_fallback(no_p2p, record) == no_p2p
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    """topology.py as the gpu_topology role runs it: the host's python3, the file alone."""
+    return subprocess.run([sys.executable, str(TOPOLOGY_SCRIPT), "--probe", "never", "--tensor-parallel-size", "2",
+                           *args], capture_output=True, text=True, cwd="/")
+
+
+def test_the_host_stage_keeps_no_p2p_while_the_record_names_the_group(tmp_path: Path) -> None:
+    """Every later host stage runs topology.py with --fallback-record: the owner's p2p override does not bring back
+    the start that died; removing the record does. A record that cannot be read stops the stage (exit 2)."""
+    root = build_tree(tmp_path, "b70x2-switch")
+    record_path = tmp_path / "ccl-fallback.json"
+    absent = run_script("--root", root, "--profile", "p2p", "--fallback-record", str(record_path))
+    assert absent.returncode == 0, absent.stderr
+    assert json.loads(absent.stdout)["profile"] == "p2p"
+    document = json.loads(absent.stdout)
+    record_path.write_text(json.dumps(fallback_record(document, SIGNATURE, "line", "2026-12-02T00:00:00Z")))
+    kept = run_script("--root", root, "--profile", "p2p", "--fallback-record", str(record_path))
+    assert kept.returncode == 0, kept.stderr
+    assert (json.loads(kept.stdout)["profile"], json.loads(kept.stdout)["profile_source"]) == ("no-p2p", "fallback")
+    record_path.write_text("{broken")
+    broken = run_script("--root", root, "--profile", "p2p", "--fallback-record", str(record_path))
+    assert broken.returncode == 2
+    assert broken.stderr.startswith(f"error: fallback record {record_path} cannot be read")
+    assert len(broken.stderr.strip().splitlines()) == 1
+
+
+def test_the_gpu_topology_role_passes_the_record_beside_topology_json() -> None:
+    tasks = yaml.safe_load((REPO / "roles/gpu_topology/tasks/main.yml").read_text())
+    decide = next(task for task in tasks if task["name"] == "Decide P2P and the oneCCL profile")
+    argv = decide["ansible.builtin.command"]["argv"]
+    assert "'--fallback-record', (gpu_topology_path | dirname) ~ '/ccl-fallback.json'" in argv
+    assert FALLBACK_PATH == "/etc/b70/ccl-fallback.json"
+
+
+def test_the_report_says_which_profile_and_why(tmp_path: Path) -> None:
+    """The host's topology.json reaches the report through host_facts.json: the profile and, for a fallback, what
+    died and how to try p2p again; the markdown prints both on the P2P profile line."""
+    from b70ctl.host.environment import HostBundle, host_environment
+    from b70ctl.lock.model import load_recipe_and_lock
+
+    document = p2p_document(tmp_path)
+    fallen = apply_fallback(document, fallback_record(document, SIGNATURE, "zeMemOpenIpcHandle, code: "
+                                                      "ZE_RESULT_ERROR_INVALID_ARGUMENT", "2026-12-02T00:00:00Z"))
+    recipe, lock, _ = load_recipe_and_lock("pr620-fp8-tp2", None)
+    environment = host_environment(HostBundle(hostname="b70-a", topology=fallen), recipe, lock)
+    assert environment.p2p_profile == "no-p2p"
+    assert environment.p2p_profile_reason.startswith("fallback: p2p died at start on these cards "
+                                                     f"({SIGNATURE}, 2026-12-02T00:00:00Z: zeMemOpenIpcHandle")
+    forced = host_environment(HostBundle(hostname="b70-a", topology=document), recipe, lock)
+    assert forced.p2p_profile == "p2p" and forced.p2p_profile_reason.startswith("override: ")
