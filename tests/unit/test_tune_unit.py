@@ -345,3 +345,43 @@ def test_a_candidate_systemd_refuses_to_start_is_disqualified_not_a_crash(host_f
             with servers.candidate(Candidate(overrides={"num_speculative_tokens": 6})):
                 pass
     assert_restored(emulated)
+
+
+def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_path):
+    """roles/vllm_serve/tasks/render.yml's <unit>.container.json, rendered as the role does, validates as
+    ServingContainer, and a candidate's render mounts the role's compile-cache directory with the role's NEO cap:
+    a tune's restarts reuse what the served configuration compiled (the field reports' "every restart
+    recompiles")."""
+    import jinja2
+    import yaml
+
+    from b70ctl.host.model import load_topology
+    from b70ctl.host.topology import topology
+    from b70ctl.recipes import load_recipe
+    from b70ctl.serve.render import render_xpu_container
+    from b70ctl.tune.unit import ServingContainer
+    from sysfs_trees import build_tree
+
+    tasks = yaml.safe_load((REPO / "roles/vllm_serve/tasks/render.yml").read_text())
+    task = next(task for task in tasks if task["name"] == "Record the speculative server's container for a tune")
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    environment.filters.update(to_nice_json=lambda value: json.dumps(value, indent=4), int=int)
+    variables = {"vllm_serve_exec_prefixes": {UNIT: ["/usr/bin/docker", "run", "--rm"]}, "vllm_serve_unit": UNIT,
+                 "vllm_serve_config_dir": CONFIG_DIR, "vllm_serve_image": {"id": "sha256:image"},
+                 "vllm_serve_model_dirs": {"target": "/models/target", "drafter": "/models/drafter"},
+                 "vllm_serve_port": 8000, "vllm_serve_extra_env": {}, "vllm_serve_compile_cache_dir": "/srv/b70-cache",
+                 "vllm_serve_compile_cache_neo_max_bytes": str(2**30)}
+    container = ServingContainer.model_validate_json(
+        environment.from_string(task["ansible.builtin.copy"]["content"]).render(**variables))
+    assert (container.compile_cache_dir, container.neo_cache_max_bytes) == ("/srv/b70-cache", 2**30)
+
+    recipe = load_recipe("dspark-int4-tp1")
+    root = build_tree(tmp_path, "b70-igpu")
+    topology(root, 1, probe="never", write=True)
+    document = load_topology(Path(root) / "etc/b70/topology.json")
+    servers = SystemdUnitServing(recipe, ApplianceHost(name="b70-1", address="127.0.0.1", connection="local",
+                                                      unit=UNIT, port=8000, config_dir=CONFIG_DIR), None)
+    servers.container = container
+    command = render_xpu_container(recipe, servers._context(speculative=True), document)
+    assert "/srv/b70-cache/neo:/var/cache/b70/neo" in command.docker_args
+    assert command.env["NEO_CACHE_MAX_SIZE"] == str(2**30)

@@ -36,7 +36,8 @@ from b70ctl.checks.client import Endpoint
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.model import TopologyDocument
 from b70ctl.recipes.model import Recipe
-from b70ctl.serve.render import ServeCommand, ServeContext, render_container
+from b70ctl.serve.render import (DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand,
+                                 ServeContext, render_container)
 from b70ctl.tune.model import Candidate
 from b70ctl.tune.serving import CandidateFailed, candidate_command, server_name
 
@@ -155,6 +156,11 @@ class ServingContainer(BaseModel):
     drafter_dir: str | None = None
     port: int = Field(ge=1, le=65535)
     extra_env: dict[str, str] = Field(default_factory=dict, description="vllm_serve_extra_env")
+    # The compile caches the role mounts (vllm_serve_compile_cache_*): a candidate reuses the unit's, so a tune's
+    # restarts do not recompile what the served configuration already compiled. Absent in a record written
+    # before the role kept them: the renderer's defaults, which are the role's.
+    compile_cache_dir: str = DEFAULT_COMPILE_CACHE_DIR
+    neo_cache_max_bytes: int = Field(DEFAULT_NEO_CACHE_MAX_BYTES, ge=0)
 
 
 # systemd's ExecStart quoting, as roles/vllm_serve/filter_plugins/systemd_quote.py writes the role's unit (a test
@@ -357,7 +363,9 @@ class SystemdUnitServing:
         assert self.container is not None, "use SystemdUnitServing as a context manager"
         return ServeContext(model_dir=self.container.model_dir, drafter_dir=self.container.drafter_dir,
                             host="0.0.0.0", port=self.container.port, speculative=speculative,
-                            extra_env=self.container.extra_env)
+                            extra_env=self.container.extra_env,
+                            compile_cache_dir=self.container.compile_cache_dir,
+                            neo_cache_max_bytes=self.container.neo_cache_max_bytes)
 
     def _serve(self, label: str, command: ServeCommand) -> Iterator[Endpoint]:
         assert self.container is not None
