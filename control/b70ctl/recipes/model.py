@@ -186,9 +186,9 @@ class ServeSettings(Strict):
     env: dict[str, str] = Field(default_factory=dict, description="Environment of the vLLM process")
     one_token_prompt_guard: Literal["none", "float16", "disable_esimd_page_attn"] = Field(
         "none",
-        description="BF16 target-only one-token prompts crash the ESIMD decode kernel on XPU (speculation "
-        "verifies k+1 tokens and never hits it): the target-only baseline is served FP16, or with "
-        "DISABLE_ESIMD_PAGE_ATTN=1; the speculative server is left as it is",
+        description="BF16 one-token prompts crash llm-scaler's ESIMD paged-attention decode kernel (route a on "
+        "XPU): a one-token prompt's prefill reaches it on the speculative server too, so both servers are served "
+        "FP16, or with DISABLE_ESIMD_PAGE_ATTN=1. Other routes have no such kernel: the guard does nothing there",
     )
 
 
