@@ -34,9 +34,9 @@ def diagnose(entry: dict):
 
 
 def test_the_corpus_is_large_enough_and_every_log_has_its_index_entry() -> None:
-    # A floor under what has been gathered (39 failures, 8 healthy runs whose decisive lines were posted in full),
-    # so no case is lost unnoticed; the corpus is meant to reach 40 failures and grow past it.
-    assert len(FAILURES) >= 39 and len(HEALTHY) >= 5
+    # A floor under what has been gathered (42 failures, 8 healthy runs whose decisive lines were posted in full),
+    # so no case is lost unnoticed; the issue asks for at least 40 real failures, and the corpus grows from here.
+    assert len(FAILURES) >= 42 and len(HEALTHY) >= 5
     ids = [entry["id"] for entry in INDEX]
     assert len(ids) == len(set(ids))
     assert sorted(ids) == sorted(path.stem for path in (FIELD / "logs").glob("*.log"))
