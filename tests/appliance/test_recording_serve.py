@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -49,13 +50,23 @@ B70CTL = Path(sys.executable).parent / "b70ctl"
 DRM_MAJOR = 226  # Linux's DRM character devices: cardN = minor N, renderDN = minor N
 
 
+# A dual-B70 TP=2 start dying at IPC open, as its owner posted it (tests/fixtures/field/index.yaml:
+# https://github.com/intel/llm-scaler/issues/398); the stand-in replays it when started with the p2p set.
+IPC_OPEN_LOG = REPO_ROOT / "tests/fixtures/field/logs/s-llm-scaler-398-b70-awq-tp2-ipc.log"
+
+
 def build_stand_in(work_dir: Path) -> tuple[str, Path]:
-    """tests/appliance/recorder FROM the debootstrapped base, on the controller's engine; saved for loading by id."""
+    """tests/appliance/recorder FROM the debootstrapped base, on the controller's engine, with the posted log it can
+    replay under field/; saved for loading by id."""
     base = run_testhosts("image").strip()
     base_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", base], check=True,
                              capture_output=True, text=True).stdout.strip()
+    context = work_dir / "recorder-context"
+    shutil.copytree(Path(__file__).parent / "recorder", context, dirs_exist_ok=True)
+    (context / "field").mkdir(exist_ok=True)
+    shutil.copy2(IPC_OPEN_LOG, context / "field" / IPC_OPEN_LOG.name)
     image_id = subprocess.run(["docker", "build", "--quiet", "--build-arg", f"BASE_IMAGE={base_id}",
-                               "--tag", "localhost/b70/vllm-recorder:test", str(Path(__file__).parent / "recorder")],
+                               "--tag", "localhost/b70/vllm-recorder:test", str(context)],
                               check=True, capture_output=True, text=True).stdout.strip()
     archive = work_dir / "recorder.tar"
     subprocess.run(["docker", "save", "--output", str(archive), image_id], check=True)
@@ -75,6 +86,16 @@ def make_dri_nodes(host: str) -> None:
                         f"mkdir -p /dev/dri/by-path && {{ test -c /dev/dri/{name} || mknod -m 0660 /dev/dri/{name} c "
                         f"{DRM_MAJOR} {minor}; }} && ln -sfn ../{name} {node}"],
                        check=True)
+
+
+def prepare_serving(appliance: Appliance, host: HostUnderTest, recipe: str, image_id: str) -> None:
+    """What a host needs before the serve stage, besides the host stage: device nodes, models, the stand-in."""
+    make_dri_nodes(host.name)
+    place_models(host.name, recipe)
+    if on(host.name).run(f"docker image inspect {image_id}").rc != 0:
+        with (appliance.work_dir / "recorder.tar").open("rb") as stream:
+            subprocess.run(["docker", "exec", "-i", host.name, "docker", "load", "--quiet"], stdin=stream,
+                           check=True, capture_output=True)
 
 
 def place_models(host: str, recipe: str) -> None:
@@ -143,14 +164,7 @@ def test_serve_stage_starts_exactly_the_rendered_command(recording_hosts, recipe
     host_stage = run_playbook(host_inventory, playbook="playbooks/host.yml")
     assert host_stage.returncode == 0, host_stage.output[-6000:]
     for host in hosts:
-        make_dri_nodes(host.name)
-        place_models(host.name, recipe)
-        remote = on(host.name)
-        if remote.run(f"docker image inspect {image_id}").rc != 0:
-            archive = appliance.work_dir / "recorder.tar"
-            with archive.open("rb") as stream:
-                subprocess.run(["docker", "exec", "-i", host.name, "docker", "load", "--quiet"], stdin=stream,
-                               check=True, capture_output=True)
+        prepare_serving(appliance, host, recipe, image_id)
     serve = run_playbook(inventory, playbook="playbooks/serve.yml")
     assert serve.returncode == 0, serve.output[-6000:]
     assert_recap(serve, names, failed=0)
@@ -251,3 +265,52 @@ def check_recipe_facts(recipe: str, records: dict[str, dict], hosts: list[HostUn
             assert "--tensor-parallel-size" not in argv
             spec = json.loads(argv[argv.index("--speculative-config") + 1])
             assert (spec["method"], spec["num_speculative_tokens"]) == ("dspark", 7)
+
+
+def test_a_p2p_start_that_dies_opening_peer_memory_restarts_once_with_no_p2p(recording_hosts) -> None:
+    """The serve gate (issue: p2p only when proven): the switch host is served p2p by its override, and its start
+    dies as intel/llm-scaler #398's dual-B70 host did, at zeMemOpenIpcHandle. The play restarts it once with
+    no-p2p, serves, and records why; the host stage then keeps no-p2p for these cards, override or not."""
+    appliance, image_id = recording_hosts
+    switch = appliance.hosts[0]
+    recipe = "pr620-fp8-tp2"
+    remote = on(switch.name)
+    remote.run("rm -f /etc/b70/ccl-fallback.json")
+    host_inventory = appliance.inventory("fallback-host", [switch], group_vars={
+        "gpu_topology_tensor_parallel_size": 2})
+    host_stage = run_playbook(host_inventory, playbook="playbooks/host.yml")
+    assert host_stage.returncode == 0, host_stage.output[-6000:]
+    assert json.loads(remote.file("/etc/b70/topology.json").content_string)["profile"] == "p2p"
+    prepare_serving(appliance, switch, recipe, image_id)
+    inventory = appliance.inventory("fallback-serve", [switch], group_vars={
+        "b70_recipe": recipe, "vllm_serve_image_ref": image_id, "vllm_serve_api_key": API_KEY,
+        "vllm_serve_health_timeout": 30, "b70_hf_token": "hf_unused_by_the_stand_in",
+        "preflight_allow_unresolved_lock": True,
+        "vllm_serve_extra_env": {"B70_RECORDER_DIES_ON_P2P": f"/opt/b70/field/{IPC_OPEN_LOG.name}"}})
+    serve = run_playbook(inventory, playbook="playbooks/serve.yml")
+    assert serve.returncode == 0, serve.output[-6000:]
+    assert_recap(serve, [switch.name], failed=0, rescued=1)
+    assert "restarting once with no-p2p" in serve.output
+
+    posted = IPC_OPEN_LOG.read_text().splitlines()
+    record = json.loads(remote.file("/etc/b70/ccl-fallback.json").content_string)
+    topology = json.loads(remote.file("/etc/b70/topology.json").content_string)
+    assert record["signature"] == "ze-ipc-open-invalid-argument" and record["evidence"] == posted[0]
+    assert record["group"] == [gpu["pci_address"] for gpu in topology["gpus"] if gpu["index"] in topology["group"]]
+    assert (topology["profile"], topology["profile_source"]) == ("no-p2p", "fallback")
+    assert "ze-ipc-open-invalid-argument" in topology["profile_reason"]
+    assert "ccl-fallback.json" in topology["profile_reason"]
+
+    # What serves now is the no-p2p render of the new topology, exactly.
+    command = rendered(switch, recipe)
+    served = recorded(switch)
+    assert served["argv"] == command["argv"]
+    assert served["env"]["CCL_TOPO_P2P_ACCESS"] == "0"
+    assert served["env"]["CCL_SYCL_ALLREDUCE_SIMPLE_THRESHOLD"] == "4294967296"  # docs/facts.md, no-P2P path
+
+    # The host stage again, with the p2p override still in the inventory: the record keeps these cards on no-p2p.
+    again = run_playbook(host_inventory, playbook="playbooks/host.yml")
+    assert again.returncode == 0, again.output[-6000:]
+    kept = json.loads(remote.file("/etc/b70/topology.json").content_string)
+    assert (kept["profile"], kept["profile_source"]) == ("no-p2p", "fallback")
+    remote.run("rm -f /etc/b70/ccl-fallback.json")

@@ -5,6 +5,9 @@ GET /v1/models           the --served-model-name, behind the API key of VLLM_API
 GET /metrics             Prometheus text with vLLM's spec-decode and generation counters at zero
 GET /b70/recorded        {"argv": [...], "env": {...}} as this process started, behind the same API key
 Only --host, --port and --served-model-name are read from argv; every argument is recorded as given.
+
+B70_RECORDER_DIES_ON_P2P=<file> makes it die as a dual-B70 host without working peer memory does: started with the
+p2p oneCCL set (CCL_TOPO_P2P_ACCESS=1) it prints that file (a log a B70 owner posted) and exits 1 before serving.
 """
 
 from __future__ import annotations
@@ -83,6 +86,11 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
+    posted_log = ENV.get("B70_RECORDER_DIES_ON_P2P")
+    if posted_log and ENV.get("CCL_TOPO_P2P_ACCESS") == "1":
+        with open(posted_log, encoding="utf-8") as stream:
+            sys.stderr.write(stream.read())
+        sys.exit(1)
     server = ThreadingHTTPServer((option("--host", "0.0.0.0"), int(option("--port", "8000"))), Handler)
     sys.stderr.write(f"recorder: serving {MODEL} on {server.server_address}, argv {len(ARGV)} items\n")
     server.serve_forever()
