@@ -141,6 +141,7 @@ def fallback_command(
     from datetime import datetime, timezone
 
     from b70ctl.diagnose.catalogue import load_catalogue
+    from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, read_bounded_stdin
     from b70ctl.host.model import load_topology
     from b70ctl.redact import printable
 
@@ -150,14 +151,16 @@ def fallback_command(
         raise BadInput(f"--signature {signature}: not a catalogue entry whose fix is the no-p2p profile: give the id "
                        "b70ctl diagnose --json named (e.g. ze-ipc-open-invalid-argument)")
     if topology_path == "-":
-        text = sys.stdin.read()
+        fix = "pipe in /etc/b70/topology.json"
+        text = read_bounded_stdin(MAX_DOCUMENT_BYTES, "--topology -", fix)
         try:
-            document = json.loads(text)
+            document = parse_json(text, "--topology -", fix)
         except json.JSONDecodeError as error:
-            raise BadInput(f"--topology -: not JSON ({error.msg}): pipe in /etc/b70/topology.json") from error
+            raise BadInput(f"--topology -: not JSON ({error.msg}): {fix}") from error
     else:
-        load_topology(Path(topology_path))  # its one-line refusals for a missing or broken file
-        document = json.loads(Path(topology_path).read_text(encoding="utf-8"))
+        load_topology(Path(topology_path))  # its one-line refusals for a missing, broken or oversized file
+        document = json.loads(read_bounded(topology_path, MAX_DOCUMENT_BYTES, f"topology file {topology_path}",
+                                           "rewrite it with `b70ctl host topology --write`"))
     if not isinstance(document, dict) or document.get("profile") != "p2p":
         raise BadInput(f"--topology {topology_path}: the profile is "
                        f"{document.get('profile') if isinstance(document, dict) else 'missing'}, not p2p: there is "
@@ -218,11 +221,14 @@ def environment_command(
     host_facts.json `b70ctl verify --host-facts` and the fleet report read."""
     from pydantic import ValidationError
 
+    from b70ctl.files import MAX_DOCUMENT_BYTES, read_bounded_stdin
     from b70ctl.host.environment import HostBundle, host_environment
     from b70ctl.lock.model import load_recipe_and_lock
 
+    text = read_bounded_stdin(MAX_DOCUMENT_BYTES, "host bundle on stdin",
+                              "pipe in the JSON the replication_check role collects")
     try:
-        bundle = HostBundle.model_validate_json(sys.stdin.read())
+        bundle = HostBundle.model_validate_json(text)
     except ValidationError as error:
         raise BadInput(f"host bundle on stdin is invalid ({error.errors()[0]['loc']}: {error.errors()[0]['msg']}): "
                        "pipe in the JSON the replication_check role collects") from error
@@ -235,3 +241,74 @@ def environment_command(
     out = Console(highlight=False, markup=False, soft_wrap=True)
     for key, value in document.items():
         out.print(f"{key}: {value if isinstance(value, (str, int, float)) else json.dumps(value)}")
+
+
+DistributionOption = Annotated[str | None, typer.Option(
+    "--distribution", show_default=False, help="Distribution as Ansible names it (Ubuntu, Debian); default from "
+    "<root>/etc/os-release")]
+CodenameOption = Annotated[str | None, typer.Option(
+    "--codename", show_default=False, help="Release codename (noble, resolute); default from <root>/etc/os-release")]
+
+
+def _distribution_and_codename(root: str, distribution: str | None, codename: str | None) -> tuple[str, str]:
+    """The options when given, else <root>/etc/os-release (a fixture tree has none: then both must be given)."""
+    if distribution is not None and codename is not None:
+        return distribution, codename
+    from b70ctl.host.releases import read_os_release
+
+    path = Path(root) / "etc" / "os-release"
+    try:
+        found = read_os_release(path.read_text(encoding="utf-8", errors="replace"))
+    except OSError as error:
+        raise BadInput(f"{path}: {error.strerror}: give --distribution and --codename") from error
+    return distribution or found[0], codename or found[1]
+
+
+@app.command("release")
+def release_command(
+    root: RootOption = "/",
+    distribution: DistributionOption = None,
+    codename: CodenameOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Is this a release the appliance provisions (control/b70ctl/host/releases.yaml)? Exit 1 when it is not,
+    naming its end-of-life date and the upgrade, or the supported releases."""
+    from b70ctl.host.releases import release_verdict
+
+    verdict = release_verdict(*_distribution_and_codename(root, distribution, codename))
+    if as_json:
+        _print_json(verdict.model_dump(mode="json"))
+    else:
+        Console(highlight=False, soft_wrap=True).print(
+            f"{'[green]ok[/]' if verdict.supported else '[red]refused[/]'} {escape(verdict.message)}")
+    if not verdict.supported:
+        raise typer.Exit(1)
+
+
+@app.command("kernel-plan")
+def kernel_plan_command(
+    recipe: Annotated[str, typer.Option(help="Recipe name or path to a recipe file")],
+    root: RootOption = "/",
+    facts: Annotated[str | None, typer.Option(
+        "--facts", help="Read the host's facts from this file (or - for stdin) instead of under --root")] = None,
+    distribution: DistributionOption = None,
+    codename: CodenameOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Does the running kernel drive the recipe's GPUs? {needed, reason, packages, reboot_required}: the
+    distribution's kernel and firmware the host_kernel role installs before a reboot."""
+    from b70ctl.host.kernel import kernel_plan
+
+    if facts is None:
+        _check_root(root)
+    host_facts = load_facts(facts).model_dump() if facts else collect_facts(root)
+    plan = kernel_plan(load_recipe(recipe), host_facts, *_distribution_and_codename(root, distribution, codename))
+    if as_json:
+        _print_json(plan.model_dump(mode="json"))
+        return
+    out = Console(highlight=False, soft_wrap=True)
+    if plan.needed:
+        out.print(f"[yellow]needed[/]: {escape(plan.reason)}")
+        out.print(f"install {' '.join(plan.packages)}, then reboot")
+    else:
+        out.print(f"[green]not needed[/]: {escape(plan.reason)}")
