@@ -21,6 +21,11 @@ from b70ctl.redact import redact
 
 # Most bytes of a secret file read: a key is a line, /dev/zero or a log given by mistake must not fill memory.
 MAX_SECRET_FILE_BYTES = 64 * 1024
+# Most bytes of a JSON document a host or b70ctl wrote and b70ctl reads back whole: host facts, a topology, a
+# model's config.json, a marker. Each is a few KiB (a model config.json with an id2label table some hundreds of
+# KiB); 16 MiB holds any of them and refuses a log, a weights file or /dev/zero given by mistake before a byte is
+# read (json.loads needs several times a text's size in memory).
+MAX_DOCUMENT_BYTES = 16 * 2**20
 
 
 def write_text_atomically(path: Path, text: str, mode: int = 0o644) -> None:
@@ -72,12 +77,96 @@ def write_json_atomically(path: Path, data: Any, mode: int = 0o644, compact: boo
     write_text_atomically(path, text, mode)
 
 
-def read_json_object(source: str | Path, where: str, fix: str) -> dict[str, Any]:
-    """A JSON object from a file, or from stdin when source is '-'. A file that is missing, a directory, not
-    UTF-8, not JSON or not an object is one BadInput line: `where`, the problem, `fix`."""
+def size_text(count: int) -> str:
+    """A byte count as people read it: 1.5 GiB, 16 MiB, 300 bytes."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{count} bytes"
+
+
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def over_cap(where: str, size: int | None, limit: int, fix: str) -> BadInput:
+    """The one line for a file past its cap: `where`, its size (None: it grew while read), the cap, `fix`."""
+    found = size_text(size) if size is not None else "more"
+    return BadInput(f"{where}: {found}, over the {size_text(limit)} cap: {fix}")
+
+
+def open_regular(path: str | Path, limit: int, where: str, fix: str) -> int:
+    """A descriptor of the regular file at `path` for reading, refused (one BadInput line naming `where`, what it
+    is or its size and the cap, then `fix`) when it is not a regular file or holds more than `limit` bytes: a FIFO
+    would block forever and /dev/zero never ends, so it is opened non-blocking and checked before a byte is read.
+    A directory raises IsADirectoryError and a file that cannot be opened the OSError open raised, so each caller
+    keeps its own words for those."""
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
-        text = sys.stdin.read() if str(source) == "-" else Path(source).read_bytes().decode("utf-8")
-        data: Any = json.loads(text)
+        found = os.fstat(handle)
+        if stat.S_ISDIR(found.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(found.st_mode):
+            kind = next((name for test, name in _NOT_REGULAR if test(found.st_mode)), "not a file")
+            raise BadInput(f"{where}: {kind}, not a regular file: {fix}")
+        if found.st_size > limit:
+            raise over_cap(where, found.st_size, limit, fix)
+    except BaseException:
+        os.close(handle)
+        raise
+    return handle
+
+
+def read_bounded(path: str | Path, limit: int, where: str, fix: str) -> bytes:
+    """The bytes of the regular file at `path`, at most `limit` of them (open_regular says what is refused)."""
+    handle = open_regular(path, limit, where, fix)
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        while total <= limit and (chunk := os.read(handle, min(2**20, limit + 1 - total))):
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(handle)
+    if total > limit:  # it grew while it was read
+        raise over_cap(where, None, limit, fix)
+    return b"".join(chunks)
+
+
+def read_bounded_stdin(limit: int, where: str, fix: str) -> str:
+    """What stdin holds, refused (one BadInput line) past `limit` characters: `< /dev/zero` must not fill memory."""
+    text = sys.stdin.read(limit + 1)
+    if len(text) > limit:
+        raise over_cap(where, None, limit, fix)
+    return text
+
+
+def parse_json(text: str | bytes, where: str, fix: str) -> Any:
+    """json.loads, with the two ways valid-looking JSON breaks Python's parser as one BadInput line each: nesting
+    deeper than the interpreter's recursion limit (RecursionError) and an integer longer than
+    sys.get_int_max_str_digits() digits (ValueError, CVE-2020-10735's guard). A JSONDecodeError or
+    UnicodeDecodeError is raised as it is, for the caller's own words."""
+    try:
+        return json.loads(text)
+    except RecursionError as error:
+        raise BadInput(f"{where}: JSON nested too deeply (Python reads about {sys.getrecursionlimit()} levels): "
+                       f"{fix}") from error
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise
+    except ValueError as error:
+        raise BadInput(f"{where}: a JSON number of more than {sys.get_int_max_str_digits()} digits: {fix}") \
+            from error
+
+
+def read_json_object(source: str | Path, where: str, fix: str,
+                     limit: int = MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+    """A JSON object from a file, or from stdin when source is '-', of at most `limit` bytes. A file that is
+    missing, a directory, not a regular file, too large, not UTF-8, not JSON or not an object is one BadInput
+    line: `where`, the problem, `fix`."""
+    try:
+        text = (read_bounded_stdin(limit, where, fix) if str(source) == "-"
+                else read_bounded(source, limit, where, fix).decode("utf-8"))
+        data: Any = parse_json(text, where, fix)
     except UnicodeDecodeError as error:
         raise BadInput(f"{where}: not UTF-8 text (byte {error.start}): {fix}") from error
     except IsADirectoryError as error:
