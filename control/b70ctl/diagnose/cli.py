@@ -4,6 +4,8 @@ evidence and fix. Exit 0 nothing known matched, 1 a known failure was found, 2 b
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
+from itertools import chain
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from b70ctl.diagnose.catalogue import load_catalogue
-from b70ctl.diagnose.collect import collect_unit, local_runner, read_log, ssh_runner
+from b70ctl.diagnose.collect import collect_unit, local_runner, ssh_runner, stream_log
 from b70ctl.diagnose.match import diagnose_lines
 from b70ctl.diagnose.model import Diagnosis, Fix, LogLine
 from b70ctl.errors import BadInput
@@ -25,11 +27,10 @@ def run_diagnosis(logs: list[str], unit: str | None, ssh: str | None, topology: 
         raise BadInput("nothing to read: give --log FILE (or - for stdin), --unit NAME or --ssh HOST")
     if ssh is not None and logs:
         raise BadInput("--ssh reads the remote unit's journal; --log files are local: give one or the other")
+    # Each log is opened (or refused) now and read while it is matched, a line at a time: memory stays bounded.
+    streams: list[Iterable[LogLine]] = [stream_log(path) for path in logs]
+    names: list[str] = ["stdin" if path == "-" else path for path in logs]
     lines: list[LogLine] = []
-    names: list[str] = []
-    for path in logs:
-        lines += read_log(path)
-        names.append("stdin" if path == "-" else path)
     if ssh is not None:
         run, close = ssh_runner(ssh)
         try:
@@ -50,7 +51,8 @@ def run_diagnosis(logs: list[str], unit: str | None, ssh: str | None, topology: 
         profile, profile_source = document.profile, document.profile_source
         if document.auto_profile != document.profile:
             profile_source = f"override (the topology alone gives {document.auto_profile})"
-    return diagnose_lines(load_catalogue(), lines, names, profile=profile, profile_source=profile_source,
+    return diagnose_lines(load_catalogue(), chain(*streams, lines), names, profile=profile,
+                          profile_source=profile_source,
                           auto_profile=document.auto_profile if topology is not None else None)
 
 

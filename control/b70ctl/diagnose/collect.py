@@ -6,25 +6,42 @@ The journal commands are built by pure functions, so the local and the SSH path 
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TextIO
 
 from b70ctl.diagnose.model import LogKind, LogLine
 from b70ctl.errors import BadInput
 from b70ctl.extras import require
+from b70ctl.files import open_regular, over_cap
+from b70ctl.report.load import MAX_REPORT_BYTES
 
 UNIT_LOG_LINES = 3000
 KERNEL_LOG_LINES = 2000
 # The kernel log is read from a little before the unit's first line to a little after its last one.
 KERNEL_WINDOW_MARGIN = timedelta(minutes=5)
 SSH_TIMEOUT_S = 15.0
+# Most bytes of one --log read. Lines are matched as they are read and only the evidence is kept, so memory stays
+# the same whatever a log's size; the time does not. 1 GiB is days of a serve unit's output at debug level: a
+# larger file is a log of everything, and /dev/zero-like input never ends.
+MAX_LOG_BYTES = 2**30
+LOG_FIX = "save the log (the part around the failure: tail -c 100M, journalctl --since) to a file, or pipe it in"
+LOG_CUT_FIX = "give the part around the failure (tail -c 100M, journalctl --since)"
+# A log is read a line at a time, at most this many characters per read: a line with no end (a tensor dump, a
+# binary file) is read in pieces, never whole.
+READ_CHARS = 2**16
+# Characters kept of one line: the matcher reads a line's first MAX_LINE_CHARS (match.py); the rest of a longer
+# line is read and dropped.
+MAX_KEPT_LINE_CHARS = 2**16
 
 # (exit code, stdout, stderr) of one command, locally or on a remote host.
 Runner = Callable[[list[str]], tuple[int, str, str]]
@@ -86,25 +103,84 @@ def _as_report(text: str) -> dict | None:
         return None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, nested too deeply, a number too long: a log, then
         return None
     if isinstance(data, dict) and "recipe" in data and ("correctness" in data or "smoke" in data):
         return data
     return None
 
 
-def read_log(path: str) -> list[LogLine]:
-    """A log file, `-` for stdin, or a verify report.json (recognised by its content)."""
+def _text_lines(chunks: Iterable[str]) -> Iterator[str]:
+    """The lines of the text `chunks` make, as str.splitlines() would cut the whole text, without holding it: a
+    line is kept up to MAX_KEPT_LINE_CHARS (the rest of it is read and dropped)."""
+    pending: list[str] = []
+    kept = 0
+    for chunk in chunks:
+        for part in chunk.splitlines(keepends=True):
+            body = part.splitlines()[0]
+            if kept < MAX_KEPT_LINE_CHARS:
+                pending.append(body[:MAX_KEPT_LINE_CHARS - kept])
+                kept += len(pending[-1])
+            if len(body) < len(part):  # the part ends a line
+                yield "".join(pending)
+                pending, kept = [], 0
+    if pending:
+        yield "".join(pending)
+
+
+def _read_chunks(stream: TextIO, where: str, first: str = "") -> Iterator[str]:
+    """`first` (what was read already), then the rest of `stream`, a line (or READ_CHARS of one) at a time; past
+    MAX_LOG_BYTES, a BadInput (stdin, or a file still being written, has no size to check before)."""
+    total = 0
+    for source in (io.StringIO(first), stream):
+        while chunk := source.readline(READ_CHARS):
+            total += len(chunk)
+            if total > MAX_LOG_BYTES:
+                raise over_cap(where, None, MAX_LOG_BYTES, LOG_CUT_FIX)
+            yield chunk
+
+
+def _open_log(path: str) -> tuple[TextIO, str]:
+    """The log at `path` opened as text (undecodable bytes replaced), refused with one line when it is not a
+    regular file (a FIFO would block, /dev/zero never ends: `-` reads a stream) or larger than MAX_LOG_BYTES."""
+    where = f"--log {path}"
+    try:
+        handle = open_regular(path, MAX_LOG_BYTES, where, LOG_FIX)
+    except OSError as error:
+        raise BadInput(f"{where}: {error.strerror}: give a readable log file (or - for stdin)") from error
+    return os.fdopen(handle, encoding="utf-8", errors="replace"), where
+
+
+def stream_log(path: str) -> Iterator[LogLine]:
+    """The lines of a log file (`-`: stdin) as they are read, or the findings of a verify report.json (recognised
+    by its content: a document starting with `{` that fits MAX_REPORT_BYTES is tried as one). The file is opened
+    (and refused) before the first line is asked for; only the lines asked for are held."""
     if path == "-":
-        text, name = sys.stdin.read(), "stdin"
+        stream, where, name = sys.stdin, "--log -", "stdin"
     else:
-        try:
-            text = Path(path).read_text(errors="replace")
-        except OSError as error:
-            raise BadInput(f"--log {path}: {error.strerror}: give a readable log file (or - for stdin)") from error
+        stream, where = _open_log(path)
         name = path
-    report = _as_report(text)
-    return report_lines(report, name) if report is not None else lines_from_text(text, name)
+
+    def lines() -> Iterator[LogLine]:
+        try:
+            head = stream.read(READ_CHARS)
+            if head.lstrip().startswith("{"):
+                head += stream.read(MAX_REPORT_BYTES + 1 - len(head))
+                if len(head) <= MAX_REPORT_BYTES and (report := _as_report(head)) is not None:
+                    yield from report_lines(report, name)
+                    return
+            for number, text in enumerate(_text_lines(_read_chunks(stream, where, head)), start=1):
+                yield LogLine(log=name, kind=classify(text), number=number, text=text)
+        finally:
+            if stream is not sys.stdin:
+                stream.close()
+
+    return lines()
+
+
+def read_log(path: str) -> list[LogLine]:
+    """A log file, `-` for stdin, or a verify report.json (recognised by its content), as a list of its lines."""
+    return list(stream_log(path))
 
 
 # ---------------------------------------------------------------- journal commands

@@ -16,22 +16,56 @@ def _compiled(patterns: Sequence[Pattern]) -> list[tuple[re.Pattern[str], frozen
     return [(re.compile(pattern.regex), frozenset(pattern.kinds)) for pattern in patterns]
 
 
-def _matches(line: LogLine, compiled: list[tuple[re.Pattern[str], frozenset[str]]]) -> bool:
-    text = line.text[:MAX_LINE_CHARS]
-    return any(line.kind in kinds and regex.search(text) for regex, kinds in compiled)
+def _matches(kind: str, text: str, compiled: list[tuple[re.Pattern[str], frozenset[str]]]) -> bool:
+    return any(kind in kinds and regex.search(text) for regex, kinds in compiled)
 
 
-def match_signature(signature: Signature, lines: Sequence[LogLine]) -> Match | None:
-    compiled = _compiled(signature.patterns)
-    evidence = [line for line in lines if _matches(line, compiled)]
-    if not evidence:
-        return None
-    for required in signature.requires:
-        if not any(_matches(line, _compiled([required])) for line in lines):
+class _Watch:
+    """One signature, fed the lines one at a time: its first EVIDENCE_LINES matching lines, how many matched, and
+    which of its `requires` patterns some line met. A log is read once, whatever its size, and only the evidence
+    stays in memory."""
+
+    def __init__(self, signature: Signature) -> None:
+        self.signature = signature
+        self.patterns = _compiled(signature.patterns)
+        self.requires = [_compiled([required]) for required in signature.requires]
+        self.met = [False] * len(self.requires)
+        self.evidence: list[LogLine] = []
+        self.count = 0
+
+    def see(self, line: LogLine, text: str) -> None:
+        if _matches(line.kind, text, self.patterns):
+            self.count += 1
+            if len(self.evidence) < EVIDENCE_LINES:
+                self.evidence.append(line)
+        for index, required in enumerate(self.requires):
+            if not self.met[index] and _matches(line.kind, text, required):
+                self.met[index] = True
+
+    def match(self) -> Match | None:
+        if not self.count or not all(self.met):
             return None
-    return Match(id=signature.id, title=signature.title, severity=signature.severity, meaning=signature.meaning,
-                 fix=signature.fix, causes=signature.causes, sources=signature.sources,
-                 applies_to=signature.applies_to, evidence=evidence[:EVIDENCE_LINES], evidence_count=len(evidence))
+        signature = self.signature
+        return Match(id=signature.id, title=signature.title, severity=signature.severity, meaning=signature.meaning,
+                     fix=signature.fix, causes=signature.causes, sources=signature.sources,
+                     applies_to=signature.applies_to, evidence=self.evidence, evidence_count=self.count)
+
+
+def _watch(watches: Sequence[_Watch], lines: Iterable[LogLine]) -> int:
+    """Feed every line to every watch; the number of lines read."""
+    read = 0
+    for line in lines:
+        read += 1
+        text = line.text[:MAX_LINE_CHARS]
+        for watch in watches:
+            watch.see(line, text)
+    return read
+
+
+def match_signature(signature: Signature, lines: Iterable[LogLine]) -> Match | None:
+    watch = _Watch(signature)
+    _watch([watch], lines)
+    return watch.match()
 
 
 def contradictions(catalogue: Catalogue, matches: Iterable[Match], profile: str | None,
@@ -61,14 +95,17 @@ def contradictions(catalogue: Catalogue, matches: Iterable[Match], profile: str 
     return found
 
 
-def diagnose_lines(catalogue: Catalogue, lines: Sequence[LogLine], logs: Sequence[str],
+def diagnose_lines(catalogue: Catalogue, lines: Iterable[LogLine], logs: Sequence[str],
                    profile: str | None = None, profile_source: str | None = None,
                    auto_profile: str | None = None) -> Diagnosis:
-    matches = [found for signature in catalogue.signatures if (found := match_signature(signature, lines))]
+    """`lines` may be a stream (collect.stream_log): it is read once."""
+    watches = [_Watch(signature) for signature in catalogue.signatures]
+    read = _watch(watches, lines)
+    matches = [found for watch in watches if (found := watch.match())]
     matched = {match.id for match in matches}
     unless = {signature.id: set(signature.unless) for signature in catalogue.signatures}
     matches = [match for match in matches if not unless[match.id] & matched]
     failures = [m for m in matches if m.severity == "failure"]
-    return Diagnosis(logs=list(logs), lines_read=len(lines), failures=failures,
+    return Diagnosis(logs=list(logs), lines_read=read, failures=failures,
                      harmless=[m for m in matches if m.severity == "harmless"],
                      contradictions=contradictions(catalogue, failures, profile, profile_source, auto_profile))
