@@ -15,13 +15,15 @@ as missing its report.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from b70ctl.errors import BadInput
+from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded
+from b70ctl.report.load import MAX_REPORT_BYTES
 from b70ctl.report.model import Environment
 
 REPORT_FILE = "report.json"
@@ -68,8 +70,10 @@ HostFacts = create_model(
 )
 
 
-def _read_json_object(path: Path) -> dict[str, Any]:
-    data = json.loads(path.read_text(encoding="utf-8"))
+def _read_json_object(path: Path, limit: int = MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+    """A host's JSON object, of at most `limit` bytes (a BadInput, caught by each reader below, past that)."""
+    data = parse_json(read_bounded(path, limit, str(path), "collect it again").decode("utf-8"), str(path),
+                      "collect it again")
     if not isinstance(data, dict):
         raise ValueError(f"top level is a JSON {type(data).__name__}, expected an object")
     return data
@@ -81,6 +85,8 @@ def _short_error(error: Exception) -> str:
         return f"{'.'.join(str(p) for p in first['loc']) or '(top level)'}: {first['msg']}"
     if isinstance(error, OSError):
         return error.strerror or str(error)
+    if isinstance(error, BadInput):  # names the path already, as the line it goes into does
+        return str(error).split(": ", 1)[-1]
     return str(error)
 
 
@@ -88,7 +94,7 @@ def read_marker(path: Path) -> UnreachableMarker | str:
     """The marker, or one line saying why it cannot be read."""
     try:
         return UnreachableMarker.model_validate(_read_json_object(path))
-    except (OSError, UnicodeDecodeError, ValueError, ValidationError) as error:
+    except (OSError, UnicodeDecodeError, ValueError, ValidationError, BadInput) as error:
         return f"{path}: unreadable marker ({_short_error(error)})"
 
 
@@ -96,7 +102,7 @@ def read_host_facts(path: Path) -> BaseModel | str:
     """The host facts, or one line saying why they cannot be read."""
     try:
         return HostFacts.model_validate(_read_json_object(path))
-    except (OSError, UnicodeDecodeError, ValueError, ValidationError) as error:
+    except (OSError, UnicodeDecodeError, ValueError, ValidationError, BadInput) as error:
         return f"{path}: host facts not used ({_short_error(error)})"
 
 
@@ -108,6 +114,6 @@ def read_tune(path: Path):
     from b70ctl.tune.model import TuneReport
 
     try:
-        return TuneReport.model_validate(_read_json_object(path))
-    except (OSError, UnicodeDecodeError, ValueError, ValidationError) as error:
+        return TuneReport.model_validate(_read_json_object(path, MAX_REPORT_BYTES))
+    except (OSError, UnicodeDecodeError, ValueError, ValidationError, BadInput) as error:
         return f"{path}: tune report not used ({_short_error(error)})"

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import read_json_object
+from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, read_json_object
 from b70ctl.host.topology import CCL_PROFILES, TOPOLOGY_SCHEMA_VERSION
 
 Profile = Literal["p2p", "no-p2p"]
@@ -119,8 +119,10 @@ class TopologyDocument(_Model):
 
 
 def load_topology(path: Path) -> TopologyDocument:
+    fix = "rewrite it with `b70ctl host topology --write`"
     try:
-        data = json.loads(Path(path).read_bytes().decode("utf-8"))
+        data = parse_json(read_bounded(path, MAX_DOCUMENT_BYTES, f"topology file {path}", fix).decode("utf-8"),
+                          f"topology file {path}", fix)
     except UnicodeDecodeError as error:
         raise BadInput(f"topology file {path}: not UTF-8 text (byte {error.start}): rewrite it with `b70ctl host "
                        f"topology --write`") from error

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import struct
 import sys
 import time
@@ -34,6 +35,39 @@ COPY_BUFFER_BYTES = 128 * 2**20
 COPY_REPEATS = 5
 # The header of a safetensors file: an 8-byte little-endian length, then that many bytes of JSON.
 HEADER_LIMIT_BYTES = 100 * 2**20
+# Most bytes of a config.json or of the model store's models.json read: each is a few KiB (a config.json with an
+# id2label table some hundreds of KiB); a larger file is not one, and json needs several times a text's size in
+# memory, on the serving host.
+JSON_LIMIT_BYTES = 16 * 2**20
+
+
+def _open_regular(path: str):
+    """`path` opened for reading, refused (ValueError) when it is not a regular file: a FIFO would block the open
+    and /dev/zero never ends, so it is opened non-blocking and checked before a byte is read."""
+    stream = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY), "rb")
+    if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+        stream.close()
+        raise ValueError(f"{path}: not a regular file")
+    return stream
+
+
+def _parse(text: bytes, path: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError as error:
+        raise ValueError(f"{path}: JSON nested too deeply") from error
+
+
+def _load_json(path: str) -> Any:
+    """A JSON file of at most JSON_LIMIT_BYTES; larger, not a regular file, or too deeply nested: ValueError."""
+    with _open_regular(path) as stream:
+        size = os.fstat(stream.fileno()).st_size
+        if size > JSON_LIMIT_BYTES:
+            raise ValueError(f"{path}: {size} bytes, over the {JSON_LIMIT_BYTES} this reads")
+        text = stream.read(JSON_LIMIT_BYTES + 1)
+    if len(text) > JSON_LIMIT_BYTES:
+        raise ValueError(f"{path}: over the {JSON_LIMIT_BYTES} bytes this reads")
+    return _parse(text, path)
 
 
 def copy_bandwidth(buffer_bytes: int = COPY_BUFFER_BYTES, repeats: int = COPY_REPEATS) -> dict[str, Any]:
@@ -54,14 +88,14 @@ def copy_bandwidth(buffer_bytes: int = COPY_BUFFER_BYTES, repeats: int = COPY_RE
 
 def safetensors_tensor_bytes(path: str) -> dict[str, int]:
     """Each tensor's data size in bytes, by name, from a safetensors file's header."""
-    with open(path, "rb") as handle:
+    with _open_regular(path) as handle:
         prefix = handle.read(8)
         if len(prefix) < 8:
             raise ValueError(f"{path}: shorter than a safetensors header")
         (length,) = struct.unpack("<Q", prefix)
         if length > HEADER_LIMIT_BYTES:
             raise ValueError(f"{path}: header of {length} bytes: not a safetensors file")
-        header = json.loads(handle.read(length))
+        header = _parse(handle.read(length), path)
     if not isinstance(header, dict):
         raise ValueError(f"{path}: header is not a JSON object")
     sizes = {}
@@ -80,8 +114,7 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def target_shape(model_dir: str) -> dict[str, Any]:
     """The weight bytes and KV-cache shape of the model in `model_dir` (its *.safetensors and config.json)."""
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
-        outer = json.load(handle)
+    outer = _load_json(os.path.join(model_dir, "config.json"))
     if not isinstance(outer, dict):
         raise ValueError(f"{model_dir}/config.json is not a JSON object")
     config = _text_config(outer)
@@ -119,8 +152,7 @@ def target_shape(model_dir: str) -> dict[str, Any]:
 
 def target_directory(models_json: str) -> str:
     """The target's directory the model store recorded (its `target.path`)."""
-    with open(models_json, encoding="utf-8") as handle:
-        record = json.load(handle)
+    record = _load_json(models_json)
     path = record.get("target", {}).get("path") if isinstance(record, dict) else None
     if not isinstance(path, str) or not path:
         raise ValueError(f"{models_json}: no target.path")

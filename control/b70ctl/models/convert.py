@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from b70ctl.errors import BadInput
+from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded
 from b70ctl.lock.resolve import sha256_file
 from b70ctl.recipes.model import IntRange, Recipe
 from b70ctl.versions import parse, version_at_least
@@ -57,8 +58,9 @@ QWEN3_DECODER_INTS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
 
 def _read_config(directory: Path, what: str) -> dict[str, Any]:
     path = directory / "config.json"
+    where, fix = f"{what} {path}", "restore the model's config.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(read_bounded(path, MAX_DOCUMENT_BYTES, where, fix).decode("utf-8"), where, fix)
     except FileNotFoundError as error:
         raise BadInput(f"{what} {directory} has no config.json: point at a model directory") from error
     except IsADirectoryError as error:
@@ -73,6 +75,16 @@ def _read_config(directory: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadInput(f"{what} {path}: expected a JSON object")
     return data
+
+
+def _recorded(path: Path, text: bool = False) -> Any:
+    """What a file this converter or fetch wrote holds (its JSON, or its text), or None when it cannot be read,
+    is not what they write, or is larger than any document they write: such a file is never theirs."""
+    try:
+        raw = read_bounded(path, MAX_DOCUMENT_BYTES, str(path), "not a file b70ctl wrote").decode("utf-8")
+        return raw if text else parse_json(raw, str(path), "not a file b70ctl wrote")
+    except (OSError, ValueError, BadInput):  # ValueError: not UTF-8 or not JSON
+        return None
 
 
 def _fail(field: str, problem: str) -> BadInput:
@@ -225,10 +237,7 @@ def _source_files(src: Path) -> list[str]:
 def _fetch_verified(src: Path) -> dict[str, Any]:
     """What `model fetch` recorded when it verified SRC (DEST/.b70ctl/verified-ROLE.json), if SRC is its output."""
     marker = src.parent / ".b70ctl" / f"verified-{src.name}.json"
-    try:
-        data = json.loads(marker.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
+    data = _recorded(marker)
     files = data.get("files") if isinstance(data, dict) else None
     return files if isinstance(files, dict) else {}
 
@@ -272,13 +281,12 @@ def _up_to_date(dst: Path, src: Path, vllm_version: str, config_text: str) -> bo
     marker = dst / PROVENANCE_FILE
     if not marker.is_file() or not (dst / "config.json").is_file():
         return False
-    try:
-        recorded = json.loads(marker.read_text())
-    except json.JSONDecodeError:
+    recorded = _recorded(marker)
+    if not isinstance(recorded, dict):
         return False
     if (recorded.get("converter_version") != CONVERTER_VERSION or recorded.get("vllm_version") != vllm_version
             or recorded.get("config_sha256") != _text_sha256(config_text)
-            or (dst / "config.json").read_text() != config_text):
+            or _recorded(dst / "config.json", text=True) != config_text):
         return False
     files = _source_files(src)
     if sorted(recorded.get("source_files", {})) != files:
@@ -314,10 +322,7 @@ def _check_destination(src: Path, dst: Path) -> None:
         raise BadInput(f"{existing} is a file, not a directory: choose another DST, nothing was touched")
     if existing != dst or not any(dst.iterdir()):
         return
-    try:
-        recorded = json.loads((dst / PROVENANCE_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        recorded = None
+    recorded = _recorded(dst / PROVENANCE_FILE)
     if not isinstance(recorded, dict):
         raise BadInput(f"DST {dst} exists and is not a conversion of {src} (no readable {PROVENANCE_FILE}): "
                        "choose an empty or new directory; nothing was touched")

@@ -38,11 +38,16 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from b70ctl.errors import BadInput
+from b70ctl.files import parse_json, read_bounded
 from b70ctl.report.model import REPORT_SCHEMA_VERSION, Report
 
 ProblemKind = Literal["unreadable", "empty", "truncated", "corrupt", "unknown_schema_version", "invalid"]
 
 NOT_RECORDED_IN_SCHEMA_0 = "not recorded (schema 0 report)"
+# Most bytes of a report.json read: verify keeps each request's raw data in raw/, so a report is tens of KiB (a few
+# hundred with every check and a baseline). 64 MiB is far past any report and bounds what one host's file costs a
+# fleet report of thousands (parsing takes several times a file's size, and the report is copied into fleet.json).
+MAX_REPORT_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -200,7 +205,9 @@ def read_report(path: Path | str) -> LoadedReport | ReportProblem:
     """One report file, upgraded to the current schema, or the reason it cannot be used. Never raises."""
     name = str(path)
     try:
-        raw = Path(path).read_bytes()
+        raw = read_bounded(path, MAX_REPORT_BYTES, name, "collect the report again (report.json only, not raw/)")
+    except BadInput as error:
+        return ReportProblem("unreadable", name, str(error))
     except OSError as error:
         return ReportProblem("unreadable", name, f"{name}: cannot read ({error.strerror}): check the path and "
                                                  "its permissions")
@@ -219,11 +226,11 @@ def read_report(path: Path | str) -> LoadedReport | ReportProblem:
         return ReportProblem("corrupt", name, f"{name}: not UTF-8 text (byte {error.start}): collect the "
                                               "report again")
     try:
-        data = json.loads(text)
+        data = parse_json(text, name, "not a report: collect the report again")
     except json.JSONDecodeError as error:
         return _decode_problem(name, text, error)
-    except RecursionError:
-        return ReportProblem("corrupt", name, f"{name}: JSON nested too deeply: not a report")
+    except BadInput as error:
+        return ReportProblem("corrupt", name, str(error))
     if not isinstance(data, dict):
         return ReportProblem("corrupt", name, f"{name}: top level is a JSON {type(data).__name__}, a report is "
                                               "an object")
