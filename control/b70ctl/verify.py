@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import shutil
 import signal
@@ -38,10 +37,11 @@ from b70ctl.checks.metrics import MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import reject_impossible_engine_figures, run_throughput, throughput_measurements
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import read_json_object, write_text_atomically
+from b70ctl.files import parse_json, read_bounded, read_json_object, write_text_atomically
 from b70ctl.recipes.model import Recipe
 from b70ctl.redact import printable
 from b70ctl.report.html import render_html
+from b70ctl.report.load import MAX_REPORT_BYTES
 from b70ctl.report.markdown import render_markdown
 from b70ctl.report.model import DiagnosedFailure, Environment, Report, RooflineInputs
 from b70ctl.report.roofline import compute_roofline
@@ -233,9 +233,10 @@ class RunDirectory:
 
     def _name_unfinished(self) -> None:
         """A report still saying "running" while this run holds the lock was left by a run killed outright."""
+        path = self.out_dir / "report.json"
         try:
-            earlier = json.loads((self.out_dir / "report.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            earlier = parse_json(read_bounded(path, MAX_REPORT_BYTES, str(path), "").decode("utf-8"), str(path), "")
+        except (OSError, ValueError, BadInput):  # not a report this run could have left: nothing to name
             return
         if isinstance(earlier, dict) and earlier.get("partial_reason") == "running":
             sys.stderr.write(f"warning: {self.out_dir / 'report.json'} says \"running\": the run that wrote it was "

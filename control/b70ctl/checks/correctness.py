@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from b70ctl.checks.client import EndpointError, VllmClient
 from b70ctl.errors import BadInput
-from b70ctl.files import write_json_atomically
+from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, write_json_atomically
 from b70ctl.recipes.model import CorrectnessSettings, Probe, Recipe
 from b70ctl.report.model import CorrectnessResult, GarbageFinding, PromptComparison
 
@@ -132,14 +132,14 @@ def load_reference(path: Path, recipe: Recipe) -> Reference:
     path = Path(path)
     hint = _rerecord_hint(recipe, path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_bounded(path, MAX_DOCUMENT_BYTES, f"reference file {path}", hint).decode("utf-8")
     except UnicodeDecodeError as error:
         raise BadInput(f"reference file {path}: not UTF-8 text (byte {error.start}), not a recorded reference: "
                        f"{hint}") from error
     except OSError as error:
         raise BadInput(f"reference file {path}: {error.strerror}: give an existing file or {hint}") from error
     try:
-        data = json.loads(text)
+        data = parse_json(text, f"reference file {path}", hint)
     except json.JSONDecodeError as error:
         raise BadInput(f"reference file {path}: not valid JSON (line {error.lineno} column {error.colno}: "
                        f"{error.msg}), truncated or edited: {hint}") from error

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from b70ctl.errors import BadInput
-from b70ctl.files import write_failure, write_text_atomically
+from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, write_failure, write_text_atomically
 from b70ctl.recipes import Recipe, load_recipe, recipe_path
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -219,8 +219,9 @@ def lock_path_for(name_or_path: str) -> Path:
 
 
 def load_lock_file(path: Path) -> Lock:
+    where, fix = f"lock file {path}", "restore it or re-resolve"
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = parse_json(read_bounded(path, MAX_DOCUMENT_BYTES, where, fix).decode("utf-8"), where, fix)
     except FileNotFoundError as error:
         raise BadInput(f"lock file {path} does not exist: run b70ctl lock resolve for its recipe") from error
     except IsADirectoryError as error:
