@@ -337,3 +337,52 @@ def test_diagnose_stdin_past_the_cap_is_one_line(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(collect, "MAX_LOG_BYTES", 1000)
     outcome = run_b70ctl(["diagnose", "--log", "-"], stdin="INFO a line of a serve log\n" * 100)
     assert_one_line_error(outcome, 2, r"--log -: more, over the 1000 bytes cap: give the part around the failure")
+
+
+# --- a host's sysfs and procfs, read under a root prefix -----------------------------------------------------
+
+
+GPU_A = "0000:05:00.0"  # the first B70 of the b70x2-switch tree
+
+
+def _replace_with(relative: str, make: Callable[[Path], None]) -> Callable[[Path], None]:
+    def spoil(root: Path) -> None:
+        path = (root / relative).resolve() if (root / relative).is_symlink() else root / relative
+        path.unlink()
+        make(path)
+    return spoil
+
+
+def _device_attribute(name: str, make: Callable[[Path], None]) -> Callable[[Path], None]:
+    def spoil(root: Path) -> None:
+        path = (root / "sys/bus/pci/devices" / GPU_A).resolve() / name
+        path.unlink()
+        make(path)
+    return spoil
+
+
+SYSFS_SPOILS = {
+    # A file nothing writes to is read as missing, never waited on; /dev/zero as missing, never read to its end.
+    "meminfo-fifo": (_replace_with("proc/meminfo", fifo), None),
+    "cpuinfo-dev-zero": (_replace_with("proc/cpuinfo", dev_zero), None),
+    "gpu-vendor-fifo": (_device_attribute("vendor", fifo), rf"{GPU_A}/vendor is not a regular file"),
+    "gpu-resource-sparse": (_device_attribute("resource", sparse(2**31)), None),
+}
+
+
+@pytest.mark.parametrize("name", SYSFS_SPOILS)
+def test_host_facts_read_a_fifo_or_device_in_the_tree_as_missing(name: str, tmp_path: Path) -> None:
+    from sysfs_trees import build_tree
+
+    spoil, warning = SYSFS_SPOILS[name]
+    work = tmp_path / "case"
+    work.mkdir()
+    root = Path(build_tree(work, "b70x2-switch"))
+    spoil(root)
+    before = snapshot(tmp_path)
+    outcome = run(["host", "facts", "--root", str(root), "--json"], work)
+    assert_one_line_error(outcome, 0, "")
+    assert "gpus" in json.loads(outcome.stdout)
+    if warning is not None:
+        assert any(re.search(warning, line) for line in outcome.warning_lines), outcome.stderr
+    assert_left_clean(tmp_path, before, [tmp_path / "xdg-cache"])

@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import re
+import stat
 import struct
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -88,20 +89,42 @@ def _path(root: str, absolute: str) -> str:
     return os.path.join(root, absolute.lstrip("/"))
 
 
-def _read_text(path: str) -> Optional[str]:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
+# Most bytes of one sysfs, procfs or firmware file read. A sysfs attribute is a page at most, /proc/cpuinfo some
+# KiB per CPU, a GuC or HuC blob a few MiB; a root prefix holding something else there (a FIFO, /dev/zero, a
+# large file) must not hang the fact or fill the host's memory: what is not a regular file, or is larger, is
+# read as missing.
+MAX_READ_BYTES = 16 * 2**20
 
 
 def _read_bytes(path: str) -> Optional[bytes]:
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            return None
+        chunks = []
+        total = 0
+        while total <= MAX_READ_BYTES:
+            chunk = os.read(handle, min(2**20, MAX_READ_BYTES + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks) if total <= MAX_READ_BYTES else None
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+
+
+def _read_text(path: str) -> Optional[str]:
+    raw = _read_bytes(path)
+    if raw is None:
+        return None
+    # As text mode reads it: undecodable bytes replaced, \r\n and \r read as \n.
+    return raw.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n").strip()
 
 
 def _read_hex(path: str) -> Optional[int]:
@@ -145,10 +168,17 @@ def _link_problem(link: str) -> Optional[str]:
 def _id_file_problem(path: str) -> str:
     """Why a PCI id file (vendor, device, class) gave no number: missing, unreadable, not text or not hex."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(64)
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as error:
         return "%s: %s" % (path, error.strerror)
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            return "%s is not a regular file" % path
+        raw = os.read(handle, 64)
+    except OSError as error:
+        return "%s: %s" % (path, error.strerror)
+    finally:
+        os.close(handle)
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
