@@ -102,7 +102,9 @@ def _read_bytes(path: str) -> Optional[bytes]:
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
+        found = os.fstat(handle)
+        # procfs gives 0 as a file's size and sysfs a page: a size above the cap is never a kernel file.
+        if not stat.S_ISREG(found.st_mode) or found.st_size > MAX_READ_BYTES:
             return None
         chunks = []
         total = 0
