@@ -66,9 +66,13 @@ def test_the_role_s_signal_is_the_catalogue_entry_whose_fix_is_no_p2p() -> None:
 def test_fallback_command_prints_the_record_and_the_no_p2p_topology(tmp_path: Path) -> None:
     document = p2p_document(tmp_path)
     posted_line = POSTED.read_text().splitlines()[0]
-    result = CliRunner().invoke(app, ["host", "fallback", "--topology", "-", "--signature", SIGNATURE,
+    result = CliRunner().invoke(app, ["host", "fallback", "--json", "--topology", "-", "--signature", SIGNATURE,
                                       "--evidence", posted_line], input=json.dumps(document))
     assert result.exit_code == 0, result.output
+    people = CliRunner().invoke(app, ["host", "fallback", "--topology", "-", "--signature", SIGNATURE,
+                                      "--evidence", posted_line], input=json.dumps(document))
+    assert people.exit_code == 0, people.output
+    assert people.stdout.splitlines()[0] == f"profile: p2p -> no-p2p for {', '.join(SWITCH_GROUP)}"
     printed = json.loads(result.stdout)
     record, fallen = printed["record"], printed["topology"]
     assert record["group"] == SWITCH_GROUP and record["signature"] == SIGNATURE

@@ -66,8 +66,12 @@ def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
         "vllm_version": "0.21.0", "model_revision": "r-target", "drafter_revision": "r-drafter",
         "kernel": facts["kernel_release"], "xe_guc_firmware": "70.54.0 (loaded)", "xe_huc_firmware": "8.2.10 (loaded)",
         "compute_runtime": "26.14.37833.4-1~24.04~ppa1", "gpu_count": 2, "gpu_model": "2x B70", "p2p_profile": "p2p",
+        "p2p_profile_reason": environment["p2p_profile_reason"],
         "serve_command": "CCL_TOPO_P2P_ACCESS=1 ZE_AFFINITY_MASK=0,1 vllm serve --model /models/target "
                          "--speculative-config '{\"k\": 4}'", "hardware_root": facts["root"]}
+    # The profile is p2p because the host's override said so, not because the topology proved it: the report says so.
+    assert environment["p2p_profile_reason"].startswith("override: p2p")
+    assert "no probe opened peer memory" in environment["p2p_profile_reason"]
     # Everything the report takes from host facts is produced here (no field named twice differently).
     assert set(HOST_FACT_FIELDS) <= set(environment)
     assert set(environment) <= set(Environment.model_fields)

@@ -135,9 +135,11 @@ def fallback_command(
     signature: Annotated[str, typer.Option(
         help="The catalogue entry b70ctl diagnose named, one whose fix is the no-p2p profile")],
     evidence: Annotated[str, typer.Option(help="The log line that showed it")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print {\"record\", \"topology\"} (what the role keeps)")] =
+        False,
 ) -> None:
-    """The serve gate's fallback from p2p to no-p2p: print {"record", "topology"} as JSON, the record to keep at
-    /etc/b70/ccl-fallback.json and the topology document to serve with. Exit 2 when the profile is not p2p."""
+    """The serve gate's fallback from p2p to no-p2p: the record to keep at /etc/b70/ccl-fallback.json and the
+    topology document to serve with ({"record", "topology"} with --json). Exit 2 when the profile is not p2p."""
     from datetime import datetime, timezone
 
     from b70ctl.diagnose.catalogue import load_catalogue
@@ -167,7 +169,11 @@ def fallback_command(
                        "nothing to fall back from")
     at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     record = fallback_record(document, signature, printable(evidence), at)
-    _print_json({"record": record, "topology": apply_fallback(document, record)})
+    fallen = apply_fallback(document, record)
+    if as_json:
+        _print_json({"record": record, "topology": fallen})
+        return
+    Console(highlight=False, markup=False, soft_wrap=True).print(f"profile: p2p -> {fallen['profile']} for {', '.join(record['group'])}\nreason: {fallen['profile_reason']}")
 
 
 @app.command("fit")
