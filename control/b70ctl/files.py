@@ -141,13 +141,13 @@ def read_bounded_stdin(limit: int, where: str, fix: str) -> str:
     return text
 
 
-def parse_json(text: str | bytes, where: str, fix: str) -> Any:
+def parse_json(text: str | bytes, where: str, fix: str, **options: Any) -> Any:
     """json.loads, with the two ways valid-looking JSON breaks Python's parser as one BadInput line each: nesting
     deeper than the interpreter's recursion limit (RecursionError) and an integer longer than
     sys.get_int_max_str_digits() digits (ValueError, CVE-2020-10735's guard). A JSONDecodeError or
-    UnicodeDecodeError is raised as it is, for the caller's own words."""
+    UnicodeDecodeError is raised as it is, for the caller's own words. `options` go to json.loads."""
     try:
-        return json.loads(text)
+        return json.loads(text, **options)
     except RecursionError as error:
         raise BadInput(f"{where}: JSON nested too deeply (Python reads about {sys.getrecursionlimit()} levels): "
                        f"{fix}") from error

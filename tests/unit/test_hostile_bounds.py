@@ -36,6 +36,8 @@ ADDRESS_SPACE_LIMIT = 1536 * 2**20
 TIMEOUT_S = 120  # a guard against a blocked open, never an assertion on how long a row takes
 NESTED = b"[" * 100_000 + b"]" * 100_000
 HUGE_INTEGER = b'{"gpu_count": ' + b"9" * 5000 + b"}"
+# An argument is at most 128 KiB (MAX_ARG_STRLEN): 20000 levels still nest far past the interpreter's ~1000.
+NESTED_ARGUMENT = "[" * 20_000 + "]" * 20_000
 GOOD_URL = "http://127.0.0.1:9"  # nothing listens: every row is refused before the endpoint is asked
 
 
@@ -218,6 +220,11 @@ BOUND_CASES = [
           stdin=b" " * (MAX_DOCUMENT_BYTES + 1)),
     Bound("environment-bundle-stdin-over-cap", lambda work: ["host", "environment", "--recipe", "cpu-tiny"], 2,
           r"host bundle on stdin: more, over the 16 MiB cap", stdin=b" " * (MAX_DOCUMENT_BYTES + 1)),
+    Bound("render-tuned-nested", lambda work: ["serve", "render", "--recipe", "cpu-tiny", "--tuned", NESTED_ARGUMENT],
+          2, r"--tuned: JSON nested too deeply"),
+    Bound("render-tuned-huge-integer", lambda work: ["serve", "render", "--recipe", "cpu-tiny", "--tuned",
+                                                     HUGE_INTEGER.decode()], 2,
+          r"--tuned: a JSON number of more than \d+ digits"),
     Bound("verify-max-answer-mb-1e308", lambda work: ["verify", "--endpoint", GOOD_URL, "--recipe", "cpu-tiny",
                                                       "--out", str(work / "out"), "--max-answer-mb", "1e308"], 2,
           r"--max-answer-mb 1e\+308: give at most 1048576 MiB"),

@@ -14,6 +14,7 @@ import json
 from pydantic import ValidationError
 
 from b70ctl.errors import BadInput, first_problem
+from b70ctl.files import parse_json
 from b70ctl.recipes.model import Recipe
 from b70ctl.tune.model import Candidate, TunedSettings
 
@@ -32,7 +33,8 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
 def parse_tuned(text: str) -> TunedSettings | None:
     """The --tuned JSON: the host's vllm_serve_tuned, or {} for a host never tuned (None)."""
     try:
-        document = json.loads(text, object_pairs_hook=_unique_keys)
+        document = parse_json(text, "--tuned", "pass the host's vllm_serve_tuned as JSON",
+                              object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as error:
         raise BadInput(f"--tuned is not JSON ({error.msg}): pass the host's vllm_serve_tuned as JSON") from None
     if document in ({}, None):
