@@ -1,4 +1,4 @@
-"""A local apt repository standing in for the Intel graphics PPA and Intel's oneAPI repository.
+"""A local apt repository standing in for the Intel graphics PPA (with the Ubuntu archive's entries beside it).
 
 The packages carry the names and versions the sources really publish for one Ubuntu series, read from
 tests/fixtures/apt-manifest.yaml (written from public sources, never from the roles' defaults), with
@@ -22,7 +22,7 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DECOY_VERSION = "99.0-1"
 MANIFEST = REPO_ROOT / "tests" / "fixtures" / "apt-manifest.yaml"
-# The series the Debian test hosts stand in for (their inventories set intel_gpu_apt_series/oneapi_apt_series).
+# The series the Debian test hosts stand in for (their inventories set intel_gpu_apt_series).
 TEST_HOST_SERIES = "noble"
 
 
@@ -54,10 +54,9 @@ def published(source: str, series: str) -> list[PublishedPackage]:
 
 
 def manifest_suites(series: str = TEST_HOST_SERIES) -> dict[str, list[PublishedPackage]]:
-    """The test repository's suites: the PPA (with the distribution archive's entries of the series beside it, as
-    a real host sees both) and the oneAPI repository."""
-    return {"intel-graphics": published("kobuk-team-ppa", series) + published("ubuntu-archive", series),
-            "oneapi": published("intel-oneapi", series)}
+    """The test repository's suite: the PPA, with the distribution archive's entries of the series beside it, as a
+    real host sees both."""
+    return {"intel-graphics": published("kobuk-team-ppa", series) + published("ubuntu-archive", series)}
 
 
 def role_pins(role: str, variable: str, series: str = TEST_HOST_SERIES) -> list[RolePin]:

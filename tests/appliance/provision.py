@@ -97,13 +97,9 @@ def write_inventory(path: Path, hosts: list[HostUnderTest], ssh_key: str, host_v
         "b70_gpu_root_prefix": FIXTURE_ROOT,
         # The Debian test hosts stand in for this Ubuntu series: its pins are installed from the test repository.
         "intel_gpu_apt_series": TEST_HOST_SERIES,
-        "oneapi_apt_series": TEST_HOST_SERIES,
         "intel_gpu_apt_uri": f"file:{TEST_APT_DIR}",
         "intel_gpu_apt_suite": "intel-graphics",
         "intel_gpu_apt_trusted": True,
-        "oneapi_apt_uri": f"file:{TEST_APT_DIR}",
-        "oneapi_apt_suite": "oneapi",
-        "oneapi_apt_trusted": True,
         # The test hosts share this machine's cores: measured together, each host's decode rate would carry the
         # other's load and ratio claims (decode-follows-acceptance) drift toward 1.
         "replication_check_throttle": 1,

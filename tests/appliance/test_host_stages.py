@@ -13,7 +13,7 @@ from provision import FIXTURE_ROOT, Appliance, PlaybookRun, assert_recap, on, ru
 # The first test also provisions the hosts (apt inside each): allow for a slow mirror or a busy machine.
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
-PINNED = role_pins("intel_gpu", "intel_gpu_packages_by_series") + role_pins("oneapi", "oneapi_packages_by_series")
+PINNED = role_pins("intel_gpu", "intel_gpu_packages_by_series")  # the only host packages pinned (what the probe loads)
 EXPECTED_PROFILE = {"b70x2-switch": "p2p", "b70x2-root-ports": "no-p2p"}
 
 

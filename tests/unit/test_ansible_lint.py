@@ -31,5 +31,5 @@ def test_site_yml_parses_with_the_example_inventory() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     listing = run([str(BIN / "ansible-playbook"), "--list-tasks", "-i", "inventory.example", "site.yml"])
     assert listing.returncode == 0, listing.stdout + listing.stderr
-    for role in ("preflight", "intel_gpu", "oneapi", "container_engine", "gpu_topology"):
+    for role in ("preflight", "host_kernel", "intel_gpu", "container_engine", "gpu_topology"):
         assert f"{role} : " in listing.stdout

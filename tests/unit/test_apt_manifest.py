@@ -2,6 +2,7 @@
 
 The expectation is tests/fixtures/apt-manifest.yaml: what the kobuk-team PPA, Intel's oneAPI repository and the
 Ubuntu archive publish per series, each entry with where it was read. The roles' defaults are only what is checked.
+The series are the release matrix's supported ones (control/b70ctl/host/releases.yaml).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ SERIES = sorted(MANIFEST["series"])
 # Each role's pins and the sources apt can take them from (the PPA installs beside the distribution's archive).
 ROLES = {
     ("intel_gpu", "intel_gpu_packages_by_series"): ["kobuk-team-ppa", "ubuntu-archive"],
-    ("oneapi", "oneapi_packages_by_series"): ["intel-oneapi"],
 }
 
 
@@ -31,7 +31,7 @@ def published(sources: list[str], series: str) -> set[tuple[str, str]]:
 
 
 def test_manifest_covers_both_supported_series_and_records_each_source() -> None:
-    assert MANIFEST["series"] == {"noble": {"version": "24.04"}, "plucky": {"version": "25.04"}}
+    assert MANIFEST["series"] == {"noble": {"version": "24.04"}, "resolute": {"version": "26.04"}}
     for name, source in MANIFEST["sources"].items():
         assert set(source["packages"]) == set(SERIES), name
         for series, entries in source["packages"].items():
@@ -58,9 +58,30 @@ def test_roles_pin_no_series_the_manifest_lacks(role: str, variable: str) -> Non
     assert sorted(role_default(role, variable)) == SERIES
 
 
-def test_preflight_accepts_exactly_the_manifest_series() -> None:
-    accepted = role_default("preflight", "preflight_ubuntu_series")
-    assert {name: {"version": version} for name, version in accepted.items()} == MANIFEST["series"]
+def test_the_release_matrix_supports_exactly_the_manifest_series() -> None:
+    from b70ctl.host.releases import load_matrix
+
+    supported = load_matrix().supported
+    assert {release.codename: {"version": release.version} for release in supported} == MANIFEST["series"]
+
+
+def test_each_series_takes_its_gpu_runtime_from_where_the_matrix_says() -> None:
+    """noble pins only PPA builds; resolute only archive builds (no PPA added there)."""
+    from b70ctl.host.releases import load_matrix
+
+    pins = role_default("intel_gpu", "intel_gpu_packages_by_series")
+    for release in load_matrix().supported:
+        available = published([release.gpu_runtime.source], release.codename)
+        assert {(pin["name"], pin["version"]) for pin in pins[release.codename]} <= available, release.codename
+
+
+def test_the_host_gets_only_what_its_tasks_use() -> None:
+    """The P2P probe (host/level_zero.py) loads the Level Zero loader, which drives the GPU through
+    libze-intel-gpu1; replication_check reads that package's version. Nothing else is pinned."""
+    pins = role_default("intel_gpu", "intel_gpu_packages_by_series")
+    for series in SERIES:
+        assert sorted(pin["name"] for pin in pins[series]) == ["libze-intel-gpu1", "libze1"], series
+    assert not (REPO / "roles" / "oneapi").exists()
 
 
 def test_the_check_fails_on_a_package_no_source_publishes() -> None:

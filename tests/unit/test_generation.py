@@ -220,7 +220,7 @@ def test_inputs_digest_follows_the_inventory_not_the_defaults_or_its_own_switch(
 
 # Every file a stage's roles write is in that stage's fingerprint.
 
-STAGE_ROLES = {"host": ["pinned_apt", "intel_gpu", "oneapi", "container_engine", "gpu_topology"],
+STAGE_ROLES = {"host": ["pinned_apt", "host_kernel", "intel_gpu", "container_engine", "gpu_topology"],
                "image": ["dspark_image"], "models": ["model_store"], "serve": ["vllm_serve"]}
 # Written and removed within one run: nothing of them is left to drift.
 TRANSIENT = {"dspark_image_spool_dir", "model_store_token_file"}
