@@ -3,7 +3,7 @@
 The session brings up three hosts with scripts/testhosts (docker engine, debootstrapped base image, private
 network and SSH key are all made there, safe to re-run) and copies into each the hardware it emulates: a sysfs
 tree from tests/fixtures/sysfs.py (host 1: 2x B70 behind one switch, host 2: 2x B70 on separate root ports) and
-the local apt repository standing in for Intel's. Host 3 stays bare: the broken-inventory tests prove that
+the host package lock of real Debian .debs (debianset.py). Host 3 stays bare: the broken-inventory tests prove that
 preflight changes nothing on it. Everything is torn down when the last appliance test is done, before any other
 test runs: the hosts serve real vLLM, and left up they would starve the real-vLLM tests of memory and cores
 (B70_KEEP_TESTHOSTS=1 keeps them).

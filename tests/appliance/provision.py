@@ -16,12 +16,11 @@ from pathlib import Path
 import testinfra
 import yaml
 
-from aptrepo import TEST_HOST_SERIES, build_repository, manifest_digest, manifest_suites
+from debianset import resolve_test_lock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 FIXTURE_ROOT = "/var/lib/b70/fixture-root"
-TEST_APT_DIR = "/var/lib/b70/test-apt"
 RECAP_LINE = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.M)
 
 
@@ -95,11 +94,8 @@ def write_inventory(path: Path, hosts: list[HostUnderTest], ssh_key: str, host_v
         "b70_recipe": "cpu-tiny",
         "b70_test_host": True,
         "b70_gpu_root_prefix": FIXTURE_ROOT,
-        # The Debian test hosts stand in for this Ubuntu series: its pins are installed from the test repository.
-        "intel_gpu_apt_series": TEST_HOST_SERIES,
-        "intel_gpu_apt_uri": f"file:{TEST_APT_DIR}",
-        "intel_gpu_apt_suite": "intel-graphics",
-        "intel_gpu_apt_trusted": True,
+        # Their packages: real Debian .debs, locked by content from the machine's own apt sources (debianset.py).
+        "b70_host_packages_lock": str(resolve_test_lock(path.parent)),
         # The test hosts share this machine's cores: measured together, each host's decode rate would carry the
         # other's load and ratio claims (decode-follows-acceptance) drift toward 1.
         "replication_check_throttle": 1,
@@ -150,14 +146,10 @@ class Appliance:
 
 def start_hosts(prefix: str, subnet: str, scenarios: dict[int, str | None], work_dir: Path,
                 fresh: bool = True) -> tuple[list[HostUnderTest], str]:
-    """Hosts PREFIX-1..N (fresh ones, or the running ones kept); each with a scenario gets its sysfs tree and the
-    local apt repository copied in."""
+    """Hosts PREFIX-1..N (fresh ones, or the running ones kept); each with a scenario gets its sysfs tree."""
     started = json.loads(testhosts("up", "--count", str(len(scenarios)), "--prefix", prefix, "--subnet", subnet,
                                    *(["--fresh"] if fresh else [])))
     hosts = [HostUnderTest(h["name"], h["address"], scenarios[index]) for index, h in enumerate(started["hosts"], start=1)]
-    # What the sources publish (tests/fixtures/apt-manifest.yaml), not what the roles ask for.
-    repository = build_repository(work_dir / f"apt-{manifest_digest()}",
-                                  manifest_suites(TEST_HOST_SERIES))
     for host in hosts:
         if host.scenario is None:
             continue
@@ -165,5 +157,4 @@ def start_hosts(prefix: str, subnet: str, scenarios: dict[int, str | None], work
         subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "fixtures" / "sysfs.py"), host.scenario, str(tree)],
                        check=True, capture_output=True)
         copy_into_host(host.name, tree, FIXTURE_ROOT)
-        copy_into_host(host.name, repository, TEST_APT_DIR)
     return hosts, started["ssh_private_key"]

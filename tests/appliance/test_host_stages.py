@@ -4,16 +4,16 @@ whole site.yml, overrides, and broken inventories stopped by preflight before an
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from aptrepo import DECOY_VERSION, role_pins
+from debianset import B70CTL, TEST_HOST_SERIES
 from provision import FIXTURE_ROOT, Appliance, PlaybookRun, assert_recap, on, run_playbook, serving_pid
 
 # The first test also provisions the hosts (apt inside each): allow for a slow mirror or a busy machine.
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
-PINNED = role_pins("intel_gpu", "intel_gpu_packages_by_series")  # the only host packages pinned (what the probe loads)
 EXPECTED_PROFILE = {"b70x2-switch": "p2p", "b70x2-root-ports": "no-p2p"}
 
 
@@ -68,18 +68,58 @@ def test_docker_engine_runs_with_the_daemon_config(host) -> None:
     assert remote.check_output("docker info --format '{{.LoggingDriver}}'") == "json-file"
 
 
-def test_pinned_packages_installed_at_the_pin_and_held(host) -> None:
+def _locked(appliance: Appliance) -> dict:
+    lock = json.loads((appliance.work_dir / "host-packages.lock.json").read_text())
+    return lock["series"][TEST_HOST_SERIES]
+
+
+def _dpkg(remote) -> str:
+    return remote.check_output("dpkg-query --show --showformat='${db:Status-Abbrev} ${Package} ${Version} "
+                               "${Architecture}\\n'")
+
+
+def test_locked_packages_installed_by_content_and_held(host, provisioned) -> None:
     _, remote = host
-    held = remote.check_output("dpkg --get-selections " + " ".join(p.name for p in PINNED)).split("\n")
-    selections = dict(line.split() for line in held)
-    for package in PINNED:
-        installed = remote.package(package.name)
-        assert installed.is_installed, package.name
-        # The repository also carries a newer decoy version: only the pin keeps this one.
-        assert installed.version == package.version != DECOY_VERSION
-        assert selections[package.name] == "hold"
-    preferences = remote.file("/etc/apt/preferences.d/b70-intel-graphics.pref").content_string
-    assert "Package: libze-intel-gpu1\nPin: version 26.14.37833.4-1~24.04~ppa1\nPin-Priority: 1001" in preferences
+    locked = _locked(provisioned[0])
+    installed = {name: (status, version) for status, name, version, _ in
+                 (line.split() for line in _dpkg(remote).splitlines())}
+    for pin in locked["packages"]:
+        if {"gpu_runtime", "container_engine"} & set(pin["groups"]):
+            assert installed[pin["name"]][1] == pin["version"], pin["name"]
+            # The very file the lock names went to the host (the role checked it there with sha256sum).
+            copied = remote.file(f"/var/cache/b70/debs/{pin['name']}_{pin['version'].split(':')[-1]}_"
+                                 f"{pin['architecture']}.deb")
+            assert copied.sha256sum == pin["sha256"], pin["name"]
+    for group in ("gpu_runtime", "container_engine"):
+        for name in locked["groups"][group]["requested"]:
+            assert installed[name][0] == "hi", name  # held
+    # No apt source or version pin of ours: the lock's files are the only source.
+    assert not remote.file("/etc/apt/sources.list.d/b70-intel-graphics.sources").exists
+    assert not remote.file("/etc/apt/preferences.d/b70-intel-graphics.pref").exists
+
+
+def test_lock_check_names_a_host_whose_packages_drifted(host, provisioned) -> None:
+    test_host, remote = host
+    appliance = provisioned[0]
+    pin = next(pin for pin in _locked(appliance)["packages"] if pin["name"] == "libigdgmm12")
+    deb = f"/var/cache/b70/debs/libigdgmm12_{pin['version']}_amd64.deb"
+
+    def check() -> subprocess.CompletedProcess:
+        return subprocess.run([str(B70CTL), "lock", "check", "--host-packages", "--packages-lock",
+                               str(appliance.work_dir / "host-packages.lock.json"), "--series", TEST_HOST_SERIES,
+                               "--group", "gpu_runtime", "--installed", "-", "--host", test_host.name],
+                              input=_dpkg(remote), capture_output=True, text=True)
+
+    assert check().returncode == 0
+    remote.check_output("apt-mark unhold libigdgmm12 && dpkg --remove libigdgmm12")
+    try:
+        drifted = check()
+        assert drifted.returncode == 1
+        assert drifted.stdout.strip() == (f"{test_host.name}: 1 package(s) differ from the lock for "
+                                          f"{TEST_HOST_SERIES}: libigdgmm12 not installed (lock: {pin['version']})")
+    finally:
+        remote.check_output(f"dpkg --install {deb} && apt-mark hold libigdgmm12")
+    assert check().returncode == 0
 
 
 def test_grub_drop_in_and_reboot_left_to_the_operator(host, provisioned) -> None:
@@ -195,7 +235,7 @@ def test_broken_inventory_fails_in_preflight_and_changes_nothing(appliance: Appl
     assert "Fix:" in run.output
     assert "TASK [intel_gpu" not in run.output  # preflight stopped the host before any other role
     remote = on(bare.name)
-    for path in ("/etc/ansible/facts.d", "/etc/apt/sources.list.d/b70-intel-graphics.sources", "/etc/b70",
+    for path in ("/etc/ansible/facts.d", "/var/cache/b70/debs", "/etc/b70",
                  "/etc/default/grub.d/60-b70-intel-gpu.cfg", "/etc/docker/daemon.json"):
         assert not remote.file(path).exists, path
     assert not remote.user("b70").exists

@@ -1,28 +1,19 @@
-"""Every package and version the roles pin, per Ubuntu series, is one its source publishes.
-
-The expectation is tests/fixtures/apt-manifest.yaml: what the kobuk-team PPA, Intel's oneAPI repository and the
-Ubuntu archive publish per series, each entry with where it was read. The roles' defaults are only what is checked.
-The series are the release matrix's supported ones (control/b70ctl/host/releases.yaml).
+"""tests/fixtures/apt-manifest.yaml, what the kobuk-team PPA, Intel's oneAPI repository and the Ubuntu archive
+publish per series (each entry with where it was read), is the independent record the host package lock is held
+to: tests/unit/test_host_package_lock.py compares the committed lock's resolute GPU runtime with it, and noble's PPA
+pins (which this machine cannot resolve) are the ones it names. The series are the release matrix's supported ones
+(control/b70ctl/host/releases.yaml).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = yaml.safe_load((REPO / "tests" / "fixtures" / "apt-manifest.yaml").read_text())
 SERIES = sorted(MANIFEST["series"])
-# Each role's pins and the sources apt can take them from (the PPA installs beside the distribution's archive).
-ROLES = {
-    ("intel_gpu", "intel_gpu_packages_by_series"): ["kobuk-team-ppa", "ubuntu-archive"],
-}
-
-
-def role_default(role: str, variable: str) -> object:
-    return yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())[variable]
 
 
 def published(sources: list[str], series: str) -> set[tuple[str, str]]:
@@ -42,22 +33,6 @@ def test_manifest_covers_both_supported_series_and_records_each_source() -> None
                     assert f"~{MANIFEST['series'][series]['version']}" in entry["version"], entry
 
 
-@pytest.mark.parametrize("series", SERIES)
-@pytest.mark.parametrize(("role", "variable"), list(ROLES))
-def test_every_role_pin_is_published_for_the_series(role: str, variable: str, series: str) -> None:
-    pins = role_default(role, variable)
-    assert isinstance(pins, dict) and series in pins, f"{role} has no pins for {series}"
-    available = published(ROLES[(role, variable)], series)
-    missing = [f"{pin['name']}={pin['version']}" for pin in pins[series]
-               if (pin["name"], pin["version"]) not in available]
-    assert not missing, f"{role} pins for {series} that no source publishes: {missing}"
-
-
-@pytest.mark.parametrize(("role", "variable"), list(ROLES))
-def test_roles_pin_no_series_the_manifest_lacks(role: str, variable: str) -> None:
-    assert sorted(role_default(role, variable)) == SERIES
-
-
 def test_the_release_matrix_supports_exactly_the_manifest_series() -> None:
     from b70ctl.host.releases import load_matrix
 
@@ -66,21 +41,24 @@ def test_the_release_matrix_supports_exactly_the_manifest_series() -> None:
 
 
 def test_each_series_takes_its_gpu_runtime_from_where_the_matrix_says() -> None:
-    """noble pins only PPA builds; resolute only archive builds (no PPA added there)."""
+    """noble's two packages are PPA builds; resolute's the archive's (no PPA added there): the lock resolves each
+    group from the source the matrix names, so these are the versions a resolve there can pin."""
     from b70ctl.host.releases import load_matrix
 
-    pins = role_default("intel_gpu", "intel_gpu_packages_by_series")
     for release in load_matrix().supported:
-        available = published([release.gpu_runtime.source], release.codename)
-        assert {(pin["name"], pin["version"]) for pin in pins[release.codename]} <= available, release.codename
+        assert release.gpu_runtime is not None
+        available = {name for name, _ in published([release.gpu_runtime.source], release.codename)}
+        assert set(release.gpu_runtime.names) <= available, release.codename
 
 
 def test_the_host_gets_only_what_its_tasks_use() -> None:
     """The P2P probe (host/level_zero.py) loads the Level Zero loader, which drives the GPU through
-    libze-intel-gpu1; replication_check reads that package's version. Nothing else is pinned."""
-    pins = role_default("intel_gpu", "intel_gpu_packages_by_series")
-    for series in SERIES:
-        assert sorted(pin["name"] for pin in pins[series]) == ["libze-intel-gpu1", "libze1"], series
+    libze-intel-gpu1; replication_check reads that package's version. Nothing else of the GPU stack is asked for."""
+    from b70ctl.host.releases import load_matrix
+
+    for release in load_matrix().supported:
+        assert release.gpu_runtime is not None
+        assert sorted(release.gpu_runtime.names) == ["libze-intel-gpu1", "libze1"], release.codename
     assert not (REPO / "roles" / "oneapi").exists()
 
 

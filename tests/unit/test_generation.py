@@ -220,7 +220,7 @@ def test_inputs_digest_follows_the_inventory_not_the_defaults_or_its_own_switch(
 
 # Every file a stage's roles write is in that stage's fingerprint.
 
-STAGE_ROLES = {"host": ["pinned_apt", "host_kernel", "intel_gpu", "container_engine", "gpu_topology"],
+STAGE_ROLES = {"host": ["locked_debs", "host_kernel", "intel_gpu", "container_engine", "gpu_topology"],
                "image": ["dspark_image"], "models": ["model_store"], "serve": ["vllm_serve"]}
 # Written and removed within one run: nothing of them is left to drift.
 TRANSIENT = {"dspark_image_spool_dir", "model_store_token_file"}
@@ -284,7 +284,7 @@ def test_every_file_a_stage_writes_is_in_its_fingerprint(stage: str) -> None:
         for task, dest in written_paths(role):
             if any(name in dest for name in TRANSIENT):
                 continue
-            path = render(dest, {**values, "pinned_apt_name": "intel-graphics"})
+            path = render(dest, values)
             assert path is not None, f"{role}/{task}: cannot render {dest}"
             # A file under a managed directory, or a loop's paths (a wildcard) that name managed files.
             if not any(fnmatch.fnmatch(path, pattern) or path.startswith(pattern.rstrip("/") + "/")

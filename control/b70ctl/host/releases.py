@@ -30,8 +30,21 @@ class _Model(BaseModel):
 
 class PackageFrom(_Model):
     package: str | None = None
+    packages: list[str] = Field(default_factory=list, description="Several packages of one family (gpu_runtime)")
     source: Source
     series: str | None = Field(None, description="Kernel series the package brings (kernel only), e.g. 6.17")
+
+    @property
+    def names(self) -> list[str]:
+        return ([self.package] if self.package else []) + self.packages
+
+
+class IndexTemplate(_Model):
+    """An apt source of a release: suites written with {codename}."""
+
+    uri: str
+    suites: list[str] = Field(min_length=1)
+    components: list[str] = Field(min_length=1)
 
 
 class Release(_Model):
@@ -68,6 +81,7 @@ class ReleaseMatrix(_Model):
     read_on: str
     sources: dict[str, str]
     upgrade: str
+    indexes: dict[Source, IndexTemplate]
     releases: list[Release]
 
     @model_validator(mode="after")
@@ -77,6 +91,24 @@ class ReleaseMatrix(_Model):
             if unknown or not release.read_from:
                 raise ValueError(f"{release.codename}: read_from names no source or unknown ones {unknown}")
         return self
+
+    def package_set(self) -> dict[str, object]:
+        """What `b70ctl lock resolve --host-packages` resolves by default: per supported release, the indexes of
+        the sources it takes packages from and the packages of each group (a PackageSet document)."""
+        series: dict[str, object] = {}
+        for release in self.supported:
+            groups: dict[str, list[dict[str, str]]] = {}
+            for group, parts in (("kernel", (release.kernel, release.firmware)), ("gpu_runtime", (release.gpu_runtime,)),
+                                 ("container_engine", (release.container_engine,))):
+                groups[group] = [{"name": name, "source": part.source} for part in parts if part is not None
+                                 for name in part.names]
+            sources = sorted({request["source"] for requests in groups.values() for request in requests})
+            indexes = [{"source": source, "uri": self.indexes[source].uri,  # type: ignore[index]
+                        "suite": suite.format(codename=release.codename),
+                        "components": self.indexes[source].components}  # type: ignore[index]
+                       for source in sources for suite in self.indexes[source].suites]  # type: ignore[index]
+            series[release.codename] = {"codename": release.codename, "indexes": indexes, "groups": groups}
+        return {"series": series}
 
     def find(self, codename: str) -> Release | None:
         return next((release for release in self.releases if release.codename == codename.lower()), None)

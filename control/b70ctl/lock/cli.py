@@ -20,6 +20,15 @@ app = typer.Typer(no_args_is_help=True, help="The lock: what each recipe resolve
 console = Console(stderr=True)
 
 RecipeOption = Annotated[str, typer.Option("--recipe", help="Recipe name or path to a recipe file")]
+MaybeRecipeOption = Annotated[Optional[str], typer.Option("--recipe", help="Recipe name or path to a recipe file")]
+HostPackagesOption = Annotated[bool, typer.Option(
+    "--host-packages", help="The host package lock (every .deb the roles install) instead of a recipe's lock")]
+PackagesLockOption = Annotated[Optional[Path], typer.Option(
+    "--packages-lock", help="Host package lock file (default: control/b70ctl/host/packages.lock.json)")]
+SeriesOption = Annotated[Optional[list[str]], typer.Option(
+    "--series", help="Release codename (repeat for several); default: every release of the package set")]
+GroupOption = Annotated[Optional[list[str]], typer.Option(
+    "--group", help="kernel, gpu_runtime or container_engine (repeat); default: all three")]
 LockOption = Annotated[Optional[Path], typer.Option("--lock", help="Lock file (default: beside the recipe)")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON")]
 
@@ -30,15 +39,29 @@ def _print_json(data: object) -> None:
 
 @app.command("resolve")
 def resolve_command(
-    recipe: RecipeOption,
+    recipe: MaybeRecipeOption = None,
     lock: LockOption = None,
+    host_packages: HostPackagesOption = False,
+    package_set: Annotated[Optional[Path], typer.Option(
+        "--package-set", help="Package set (YAML or JSON) to resolve instead of the release matrix's")] = None,
+    packages_lock: PackagesLockOption = None,
+    series: SeriesOption = None,
     registry_url: Annotated[Optional[str], typer.Option(
         "--registry-url", help="Ask this registry base URL for every image (mirror; tests)")] = None,
     offline: Annotated[bool, typer.Option(
         "--offline", help="Ask no hub or registry: pin local inputs, keep unchanged network pins")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Ask the hub (HF_ENDPOINT) and the registry what the recipe points at now and write the lock."""
+    """Ask the hub (HF_ENDPOINT) and the registry what the recipe points at now and write the lock; with
+    --host-packages, read the apt indexes of each release and lock every .deb the roles install there."""
+    if host_packages:
+        from b70ctl.lock.debs_cli import resolve_host_packages
+
+        resolve_host_packages(package_set, packages_lock, series or [], as_json)
+        return
+    if recipe is None:
+        raise BadInput("say what to resolve: --recipe NAME (a recipe's lock) or --host-packages (the host package "
+                       "lock)")
     loaded, outcome = resolve_and_write(recipe, lock_path=lock, registry_url=registry_url, offline=offline)
     result = outcome.as_json(loaded)
     if as_json:
@@ -71,10 +94,37 @@ def hash_command(recipe: RecipeOption, lock: LockOption = None, as_json: JsonOpt
     Console().print(digest, highlight=False)
 
 
+@app.command("fetch")
+def fetch_command(
+    series: Annotated[str, typer.Option("--series", help="Release codename of the hosts")],
+    cache: Annotated[Path, typer.Option("--cache", help="Controller's content-addressed .deb cache directory")],
+    group: GroupOption = None,
+    packages_lock: PackagesLockOption = None,
+    host_dir: Annotated[str, typer.Option("--host-dir", help="Where the files go on the host (for sha256sums)")]
+        = "/var/cache/b70/debs",
+    as_json: JsonOption = False,
+) -> None:
+    """Fetch the locked .debs of a release into the cache (once; checked by sha256) and list them. Exit 2 when a
+    file differs from the lock or cannot be had."""
+    from b70ctl.lock.debs_cli import fetch_host_packages
+
+    fetch_host_packages(series, cache, group or [], packages_lock, host_dir, as_json)
+
+
 @app.command("check")
 def check_command(
-    recipe: RecipeOption,
+    recipe: MaybeRecipeOption = None,
     lock: LockOption = None,
+    host_packages: HostPackagesOption = False,
+    packages_lock: PackagesLockOption = None,
+    series: Annotated[Optional[str], typer.Option("--series", help="Release codename of the host")] = None,
+    group: GroupOption = None,
+    installed: Annotated[Optional[str], typer.Option(
+        "--installed", help="The host's dpkg-query --show output (FILE, or - for stdin), format "
+                            "'${db:Status-Abbrev} ${Package} ${Version} ${Architecture}'")] = None,
+    host: Annotated[str, typer.Option("--host", help="Host name for the message")] = "host",
+    host_dir: Annotated[str, typer.Option("--host-dir", help="Where the .debs go on the host (install paths)")]
+        = "/var/cache/b70/debs",
     models_dir: Annotated[Optional[Path], typer.Option(
         "--models-dir", help="Directory holding target/ and drafter/ (as b70ctl model fetch writes it)")] = None,
     target_dir: Annotated[Optional[Path], typer.Option("--target-dir", help="The target's directory")] = None,
@@ -86,6 +136,15 @@ def check_command(
     as_json: JsonOption = False,
 ) -> None:
     """Compare what is installed with the lock and list the drift. Exit 1 on drift."""
+    if host_packages:
+        from b70ctl.lock.debs_cli import check_host_packages
+
+        if series is None or installed is None:
+            raise BadInput("--host-packages needs --series CODENAME and --installed FILE (or - for stdin)")
+        check_host_packages(series, group or [], installed, host, packages_lock, host_dir, as_json)
+        return
+    if recipe is None:
+        raise BadInput("say what to check: --recipe NAME (models, image) or --host-packages (a host's packages)")
     for option, digest in (("--image-digest", image_digest), ("--image-base-digest", image_base_digest)):
         if digest is not None and not DIGEST_PATTERN.match(digest):
             raise BadInput(f"{option} {digest!r} is not a sha256 digest (sha256: and 64 hex digits): give the "

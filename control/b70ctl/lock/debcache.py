@@ -1,0 +1,266 @@
+"""The controller's content-addressed .deb cache, the lock file on disk, and `lock check` of a host's packages.
+
+Each locked .deb is fetched once into CACHE/sha256/<hex> (resumable: a .partial file is continued with an HTTP
+Range request), checked against the lock's sha256 and size before it is renamed into place, and fanned out to
+the hosts from there. A file whose hash differs is refused with one line and never enters the cache; a cached
+file is re-hashed before every fan-out, so a cache someone edited is caught too. Once cached, an index or a
+.deb that disappears from its mirror changes nothing: the cache is the source of truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from b70ctl.errors import BadInput, first_problem
+from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, write_json_atomically
+from b70ctl.lock.debs import ResolveError
+from b70ctl.lock.debs_model import DebPin, Group, HostPackageLock, SeriesLock, Strict
+
+# Where `lock resolve --host-packages` writes and the roles read, unless told otherwise: beside the release
+# matrix the package set is read from.
+DEFAULT_LOCK = Path(__file__).resolve().parents[1] / "host" / "packages.lock.json"
+CHUNK = 1 << 20
+TIMEOUT_S = 60.0
+
+
+def http_get(url: str) -> bytes:
+    """A whole (index) file; ResolveError in one line when the source cannot give it."""
+    import httpx
+
+    if url.startswith("file:"):
+        try:
+            return Path(url.removeprefix("file:").removeprefix("//")).read_bytes()
+        except OSError as error:
+            raise ResolveError(error.strerror or str(error)) from None
+    try:
+        response = httpx.get(url, timeout=TIMEOUT_S, follow_redirects=True)
+    except httpx.HTTPError as error:
+        raise ResolveError(f"unreachable ({type(error).__name__}: {error})") from None
+    if response.status_code != 200:
+        raise ResolveError(f"HTTP {response.status_code}")
+    return response.content
+
+
+def load_debs_lock(path: Path) -> HostPackageLock:
+    fix = "re-run `b70ctl lock resolve --host-packages`, or restore the file from git"
+    data = parse_json(read_bounded(path, MAX_DOCUMENT_BYTES, str(path), fix), str(path), fix)
+    try:
+        return HostPackageLock.model_validate(data)
+    except ValidationError as error:
+        raise BadInput(f"{path} is not a host package lock ({first_problem(error)}): {fix}") from None
+
+
+def write_debs_lock(lock: HostPackageLock, path: Path) -> bool:
+    """Write when the pins changed (the resolve time alone is not a change): False when nothing was written."""
+    if path.is_file():
+        try:
+            previous = load_debs_lock(path)
+        except BadInput:
+            previous = None
+        if previous is not None and previous.model_copy(update={"resolved_at": ""}) == \
+                lock.model_copy(update={"resolved_at": ""}):
+            return False
+    write_json_atomically(path, lock.model_dump(mode="json"))
+    return True
+
+
+def series_lock(lock: HostPackageLock, codename: str, path: Path) -> SeriesLock:
+    found = lock.series.get(codename)
+    if found is None:
+        raise BadInput(f"{path} locks no packages for {codename} (it has {', '.join(sorted(lock.series)) or 'none'}):"
+                       f" run `b70ctl lock resolve --host-packages --series {codename}`")
+    return found
+
+
+def group_pins(one: SeriesLock, groups: list[Group], path: Path) -> list[DebPin]:
+    """The pins of the groups (each once), refusing a group that is not resolved."""
+    pins: dict[str, DebPin] = {}
+    for group in groups:
+        locked = one.groups.get(group)
+        if locked is None:
+            raise BadInput(f"{path}: {one.codename} has no {group} group: add it to the package set and run "
+                           "`b70ctl lock resolve --host-packages`")
+        if not locked.resolved:
+            raise BadInput(f"{path}: {one.codename}/{group} is not resolved ({locked.reason}): run "
+                           f"`b70ctl lock resolve --host-packages --series {one.codename}` where its indexes are "
+                           "reachable")
+        pins.update({pin.name: pin for pin in one.group_pins(group)})
+    return sorted(pins.values(), key=lambda pin: pin.name)
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _stream(url: str, offset: int) -> Iterator[bytes]:
+    import httpx
+
+    if url.startswith("file:"):
+        with Path(url.removeprefix("file:").removeprefix("//")).open("rb") as stream:
+            stream.seek(offset)
+            while chunk := stream.read(CHUNK):
+                yield chunk
+        return
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    with httpx.stream("GET", url, headers=headers, timeout=TIMEOUT_S, follow_redirects=True) as response:
+        if offset and response.status_code == 200:  # the server ignored the range: start over
+            raise _RangeIgnored
+        if response.status_code not in (200, 206):
+            raise ResolveError(f"HTTP {response.status_code}")
+        yield from response.iter_bytes(CHUNK)
+
+
+class _RangeIgnored(Exception):
+    pass
+
+
+def cache_path(cache: Path, pin: DebPin) -> Path:
+    return cache / "sha256" / pin.sha256
+
+
+def fetch_pin(pin: DebPin, cache: Path) -> tuple[Path, bool]:
+    """(the cached file, whether it was downloaded now). BadInput in one line when the source's file differs from
+    the lock or cannot be had; nothing but a resumable .partial is ever left behind."""
+    final = cache_path(cache, pin)
+    if final.is_file():
+        if final.stat().st_size == pin.size_bytes and _sha256_of(final) == pin.sha256:
+            return final, False
+        final.unlink()  # edited or truncated in the cache: fetch it again
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.with_name(final.name + ".partial")
+    for attempt in range(2):
+        offset = partial.stat().st_size if partial.is_file() and attempt == 0 else 0
+        if offset > pin.size_bytes:
+            offset = 0
+        try:
+            with partial.open("ab" if offset else "wb") as out:
+                for chunk in _stream(pin.url, offset):
+                    out.write(chunk)
+                    if out.tell() > pin.size_bytes:
+                        break
+            break
+        except _RangeIgnored:
+            continue
+        except (ResolveError, OSError) as error:
+            raise BadInput(f"{pin.filename}: cannot fetch {pin.url} ({error}); the lock still names it: fetch it "
+                           "where the source is reachable, or copy it into the cache as "
+                           f"{final.relative_to(cache)}") from None
+        except Exception as error:  # httpx's transport errors
+            raise BadInput(f"{pin.filename}: cannot fetch {pin.url} ({type(error).__name__}: {error}): fetch it "
+                           "where the source is reachable") from None
+    actual = _sha256_of(partial)
+    if actual != pin.sha256 or partial.stat().st_size != pin.size_bytes:
+        partial.unlink()
+        raise BadInput(f"{pin.filename}: sha256 {actual} of {pin.url} differs from the lock's {pin.sha256}: the "
+                       "source changed the file; nothing was cached (to accept a new build: `b70ctl lock resolve "
+                       "--host-packages`)")
+    os.replace(partial, final)
+    return final, True
+
+
+class FetchedDeb(Strict):
+    name: str
+    version: str
+    filename: str
+    sha256: str
+    cache_path: str
+    downloaded: bool
+
+
+class FetchResult(Strict):
+    series: str
+    groups: list[Group]
+    cache: str
+    downloaded: int
+    packages: list[FetchedDeb]
+    host_dir: str
+    sha256sums: str  # for `sha256sum --check --strict` on the host, paths in host_dir
+
+
+def fetch_groups(one: SeriesLock, groups: list[Group], cache: Path, host_dir: str, path: Path) -> FetchResult:
+    fetched = []
+    for pin in group_pins(one, groups, path):
+        file, downloaded = fetch_pin(pin, cache)
+        fetched.append(FetchedDeb(name=pin.name, version=pin.version, filename=pin.filename, sha256=pin.sha256,
+                                  cache_path=str(file), downloaded=downloaded))
+    return FetchResult(series=one.codename, groups=groups, cache=str(cache),
+                       downloaded=sum(item.downloaded for item in fetched), packages=fetched, host_dir=host_dir,
+                       sha256sums="".join(f"{item.sha256}  {host_dir.rstrip('/')}/{item.filename}\n"
+                                          for item in fetched))
+
+
+# ------------------------------------------------------------------------------------------------ lock check
+# What the role asks dpkg-query for: status, name, version, architecture of every installed package.
+DPKG_FORMAT = "${db:Status-Abbrev} ${Package} ${Version} ${Architecture}\\n"
+
+
+class PackageDrift(Strict):
+    name: str
+    expected: str
+    actual: str | None = None
+
+
+class PackageCheck(Strict):
+    host: str
+    series: str
+    groups: list[Group]
+    ok: bool
+    drift: list[PackageDrift]
+    install_paths: list[str]  # the .debs (in the host directory) to install to match the lock
+    hold: list[str]  # requested packages not held yet (the ones installed now included)
+    message: str
+
+
+def read_dpkg(text: str) -> dict[str, tuple[str, str, bool]]:
+    """dpkg-query lines (DPKG_FORMAT) -> {name: (version, architecture, held)} of the installed packages
+    ('ii', 'hi': the second letter i; the first h for a hold)."""
+    installed: dict[str, tuple[str, str, bool]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 4 or len(parts[0]) < 2:
+            if line.strip():
+                raise BadInput(f"cannot read the dpkg-query line {line.strip()[:80]!r}: give the output of "
+                               f"dpkg-query --show --showformat='{DPKG_FORMAT}'")
+            continue
+        status, name, version, architecture = parts
+        if status[1] == "i":
+            installed[name.split(":", 1)[0]] = (version, architecture, status[0] == "h")
+    return installed
+
+
+def check_host(one: SeriesLock, groups: list[Group], dpkg_text: str, host: str, path: Path,
+               host_dir: str = "/var/cache/b70/debs") -> PackageCheck:
+    """Each locked package of the groups at its locked version and architecture, or drift. The requested ones
+    (not their dependencies) are held, so apt's upgrades leave them alone; a dependency an upgrade moved is drift
+    the next run puts back."""
+    installed = read_dpkg(dpkg_text)
+    requested = {name for group in groups if group in one.groups for name in one.groups[group].requested}
+    drift: list[PackageDrift] = []
+    install: list[str] = []
+    hold: list[str] = []
+    for pin in group_pins(one, groups, path):
+        have = installed.get(pin.name)
+        if have is None or have[0] != pin.version or have[1] != pin.architecture:
+            drift.append(PackageDrift(name=pin.name, expected=f"{pin.version} {pin.architecture}",
+                                      actual=f"{have[0]} {have[1]}" if have else None))
+            install.append(f"{host_dir.rstrip('/')}/{pin.filename}")
+        if pin.name in requested and (have is None or not have[2]):
+            hold.append(pin.name)
+    if drift:
+        shown = ", ".join(f"{item.name} {item.actual or 'not installed'} (lock: {item.expected.split()[0]})"
+                          for item in drift[:5])
+        more = f" and {len(drift) - 5} more" if len(drift) > 5 else ""
+        message = f"{host}: {len(drift)} package(s) differ from the lock for {one.codename}: {shown}{more}"
+    else:
+        message = f"{host}: the {'/'.join(groups)} packages match the lock for {one.codename}"
+    return PackageCheck(host=host, series=one.codename, groups=groups, ok=not drift, drift=drift, install_paths=install,
+                        hold=hold, message=message)
