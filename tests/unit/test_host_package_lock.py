@@ -316,3 +316,15 @@ def test_gzip_indexes_are_read_too(tmp_path: Path, real_archive: dict[str, bytes
         assert [pin.name for pin in load_debs_lock(lock).series[SERIES].packages] == sorted(PACKAGES)
     finally:
         served.server.shutdown()
+
+
+def test_fetches_at_once_take_turns_and_each_file_is_downloaded_once(tmp_path: Path, mirror: Mirror) -> None:
+    """The play fetches for each host in its own fork: they must not write one .partial together."""
+    lock = resolve(tmp_path, mirror)
+    cache = tmp_path / "cache"
+    command = [str(Path(sys.executable).parent / "b70ctl"), "lock", "fetch", "--series", SERIES, "--group",
+               "gpu_runtime", "--cache", str(cache), "--packages-lock", str(lock), "--json"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [run.communicate(timeout=300) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0], results
+    assert sum(json.loads(out)["downloaded"] for out, _ in results) == len(PACKAGES)

@@ -129,13 +129,22 @@ def cache_path(cache: Path, pin: DebPin) -> Path:
 
 def fetch_pin(pin: DebPin, cache: Path) -> tuple[Path, bool]:
     """(the cached file, whether it was downloaded now). BadInput in one line when the source's file differs from
-    the lock or cannot be had; nothing but a resumable .partial is ever left behind."""
+    the lock or cannot be had; nothing but a resumable .partial is ever left behind. Several fetches at once (the
+    play's forks, one per host) take turns per file: the first downloads, the others find it cached."""
+    import fcntl
+
     final = cache_path(cache, pin)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.with_name(final.name + ".lock"), "a") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        return _fetch_pin_locked(pin, cache, final)
+
+
+def _fetch_pin_locked(pin: DebPin, cache: Path, final: Path) -> tuple[Path, bool]:
     if final.is_file():
         if final.stat().st_size == pin.size_bytes and _sha256_of(final) == pin.sha256:
             return final, False
         final.unlink()  # edited or truncated in the cache: fetch it again
-    final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.with_name(final.name + ".partial")
     for attempt in range(2):
         offset = partial.stat().st_size if partial.is_file() and attempt == 0 else 0

@@ -5,9 +5,10 @@ file, checked against the sha256 InRelease lists for it. Each group's requests a
 name, at the newest version there; their Depends and Pre-Depends are followed through every index of the
 release (newest satisfying version; a virtual package by its providers), as apt would with
 --no-install-recommends. What every host carries already is not locked: the base, the closure of the packages
-marked Essential or Priority required, which is exactly what `debootstrap --variant=minbase` installs (and so
-what any Debian or Ubuntu system has). A host installs the locked files with apt's --no-download, so a
-dependency outside the lock and the base fails the install instead of coming from the network.
+marked Essential or Priority required and of apt, which is exactly what `debootstrap --variant=minbase` installs (and so
+what any Debian or Ubuntu system has; apt itself is Priority important on Ubuntu, and minbase adds it by name).
+A host installs the locked files with apt given no source at all, so a dependency outside the lock and the base
+fails the install instead of coming from the network.
 
 InRelease signatures are not verified here (the sha256 chain from InRelease down to each .deb is); resolve from
 a mirror you trust.
@@ -31,8 +32,11 @@ from b70ctl.lock.debs_model import (
     GROUPS, DebPin, Group, GroupLock, HostPackageLock, IndexSource, LockedIndex, PackageSet, SeriesLock,
     SeriesSet)
 
-BASE_DESCRIPTION = ("Essential and Priority required packages and their dependencies (debootstrap "
+BASE_DESCRIPTION = ("Essential and Priority required packages, apt, and their dependencies (debootstrap "
                     "--variant=minbase): on every host already, not locked")
+# debootstrap's minbase: "only includes essential packages and apt" (debootstrap(8)); its required list is the
+# Priority required packages.
+MINBASE_EXTRA = ("apt",)
 Fetch = Callable[[str], bytes]
 _RELATION = re.compile(r"^\s*(?P<name>[a-z0-9][a-z0-9+.-]+)(?::[a-z0-9-]+)?\s*"
                        r"(?:\(\s*(?P<op><<|<=|=|>=|>>|<|>)\s*(?P<version>[^)\s]+)\s*\))?\s*$")
@@ -164,7 +168,8 @@ def read_index(fetch: Fetch, index: IndexSource, architecture: str, into: Series
                 name=entry["Package"], version=entry["Version"], architecture=entry["Architecture"],
                 depends=", ".join(filter(None, (entry.get("Pre-Depends", ""), entry.get("Depends", "")))),
                 provides=tuple(alternative[0][0] for alternative in parse_relations(entry.get("Provides", ""))),
-                base=entry.get("Essential") == "yes" or entry.get("Priority") == "required",
+                base=(entry.get("Essential") == "yes" or entry.get("Priority") == "required"
+                      or entry["Package"] in MINBASE_EXTRA),
                 filename=entry["Filename"], size=int(entry.get("Size", "0")), sha256=entry.get("SHA256", ""),
                 source=index.source, index=url, uri=base))
 
