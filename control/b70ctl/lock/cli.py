@@ -28,7 +28,7 @@ PackagesLockOption = Annotated[Optional[Path], typer.Option(
 SeriesOption = Annotated[Optional[list[str]], typer.Option(
     "--series", help="Release codename (repeat for several); default: every release of the package set")]
 GroupOption = Annotated[Optional[list[str]], typer.Option(
-    "--group", help="kernel, gpu_runtime or container_engine (repeat); default: all three")]
+    "--group", help="kernel, gpu_runtime or container_engine (repeat); default: every group the lock has")]
 LockOption = Annotated[Optional[Path], typer.Option("--lock", help="Lock file (default: beside the recipe)")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON")]
 
