@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,10 +152,30 @@ def start_hosts(prefix: str, subnet: str, scenarios: dict[int, str | None], work
                                    *(["--fresh"] if fresh else [])))
     hosts = [HostUnderTest(h["name"], h["address"], scenarios[index]) for index, h in enumerate(started["hosts"], start=1)]
     for host in hosts:
-        if host.scenario is None:
-            continue
-        tree = work_dir / f"sysfs-{host.name}"
-        subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "fixtures" / "sysfs.py"), host.scenario, str(tree)],
-                       check=True, capture_output=True)
-        copy_into_host(host.name, tree, FIXTURE_ROOT)
+        if host.scenario is not None:
+            give_hardware(host.name, host.scenario, work_dir)
     return hosts, started["ssh_private_key"]
+
+
+def give_hardware(host: str, scenario: str, work_dir: Path) -> None:
+    """The host's emulated hardware becomes `scenario`'s sysfs tree (any earlier one is removed first)."""
+    tree = work_dir / f"sysfs-{host}-{scenario}"
+    subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "fixtures" / "sysfs.py"), scenario, str(tree)],
+                   check=True, capture_output=True)
+    subprocess.run(["docker", "exec", host, "rm", "-rf", FIXTURE_ROOT], check=True)
+    copy_into_host(host, tree, FIXTURE_ROOT)
+
+
+def restart_host(host: str, timeout_s: float = 120) -> None:
+    """What a reboot can be for a container: systemd stops, the container starts again, and every enabled unit
+    (sshd among them) comes back. Its kernel stays the machine's."""
+    subprocess.run(["docker", "restart", host], check=True, capture_output=True)
+    deadline = time.monotonic() + timeout_s
+    state = ""
+    while time.monotonic() < deadline:
+        state = subprocess.run(["docker", "exec", host, "systemctl", "is-system-running"], capture_output=True,
+                               text=True).stdout.strip()
+        if state in ("running", "degraded"):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{host} did not come back from its restart within {timeout_s:.0f} s (systemd: {state})")

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from b70ctl.cli import app
 from b70ctl.host.facts import collect_facts
 from b70ctl.host.kernel import kernel_plan
+from b70ctl.host.releases import load_matrix
 from b70ctl.recipes import load_recipe
 from sysfs_trees import build_tree
 
@@ -95,3 +96,22 @@ def test_the_cli_prints_the_plan_from_facts_on_stdin(tmp_path) -> None:
     assert {key: plan[key] for key in ("needed", "packages", "reboot_required")} == {
         "needed": True, "packages": ["linux-generic-hwe-24.04", "linux-firmware"], "reboot_required": True}
     assert isinstance(plan["reason"], str)
+
+
+TEST_HOST_MATRIX = Path(__file__).resolve().parents[1] / "fixtures" / "releases-testhosts.yaml"
+
+
+def test_under_the_test_hosts_matrix_an_unbound_debian_host_gets_debians_kernel(tmp_path) -> None:
+    """What the appliance test's host 4 is planned from (tests/appliance/test_host_kernel.py)."""
+    matrix = load_matrix(str(TEST_HOST_MATRIX))
+    plan = kernel_plan(load_recipe(RECIPE), _facts(tmp_path, "b70x2-switch-old-kernel"), "Debian", "bookworm",
+                       matrix=matrix)
+    assert plan.needed and plan.packages == ["linux-image-amd64", "firmware-linux-free"]
+    assert "not bound to xe under kernel 5.10.0-32-amd64 (older than Debian 12 (bookworm)'s 6.1" in plan.reason
+    after = kernel_plan(load_recipe(RECIPE), _facts(tmp_path, "b70x2-switch-192gb"), "Debian", "bookworm",
+                        matrix=matrix)
+    assert not after.needed and after.reason == ("2 GPU(s) bound to xe under kernel 6.17.0-1009-intel, firmware "
+                                                 "good")
+    # The appliance's own matrix provisions no Debian, whatever the tree.
+    assert not kernel_plan(load_recipe(RECIPE), _facts(tmp_path, "b70x2-switch-old-kernel"), "Debian",
+                           "bookworm").needed

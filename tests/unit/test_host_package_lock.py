@@ -85,7 +85,7 @@ def debian_entries(packages_xz: bytes) -> dict[str, deb822.Packages]:
 @pytest.fixture(scope="module")
 def real_archive() -> dict[str, bytes]:
     """bookworm's real InRelease, main Packages.xz and the two .debs, from the machine's own apt source."""
-    uri = next(index["uri"] for index in machine_indexes(SERIES) if index["suite"] == SERIES)
+    uri = next(index["uri"] for index in machine_indexes("debian", SERIES) if index["suite"] == SERIES)
     base = str(uri).rstrip("/")
     files = {f"dists/{SERIES}/InRelease": http_get(f"{base}/dists/{SERIES}/InRelease"),
              f"dists/{SERIES}/{INDEX}": http_get(f"{base}/dists/{SERIES}/{INDEX}")}

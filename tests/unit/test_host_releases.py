@@ -117,3 +117,61 @@ def test_preflight_reads_the_matrix_through_b70ctl() -> None:
     defaults = yaml.safe_load((REPO / "roles" / "preflight" / "defaults" / "main.yml").read_text())
     assert "preflight_ubuntu_series" not in defaults  # the matrix is the one place
     assert defaults["preflight_test_host_distributions"] == ["Debian"]
+
+
+# The test hosts' matrix (tests/fixtures/releases-testhosts.yaml) rests on Debian's release table, distro-info-data's
+# debian.csv (https://salsa.debian.org/debian/distro-info-data/-/blob/main/debian.csv), this line as read from
+# distro-info-data 0.58+deb12u7 (version, codename, series, created, release, eol, eol-lts, eol-elts):
+DEBIAN_CSV_BOOKWORM = "12,Bookworm,bookworm,2021-08-14,2023-06-10,2026-07-11,2028-06-30,2033-06-30"
+TEST_HOST_MATRIX = REPO / "tests" / "fixtures" / "releases-testhosts.yaml"
+
+
+def test_the_test_hosts_matrix_quotes_debians_release_table() -> None:
+    matrix = load_matrix(str(TEST_HOST_MATRIX))
+    version, name, codename, _, released, _, eol_lts = DEBIAN_CSV_BOOKWORM.split(",")[:7]
+    bookworm = matrix.find(codename, "Debian")
+    assert bookworm is not None and matrix.find(codename, "Ubuntu") is None
+    # Regular security support ended 2026-07-11; the hosts take bookworm-security, which LTS keeps to 2028-06-30.
+    assert (bookworm.version, bookworm.name, bookworm.released.isoformat(), bookworm.end_of_life.isoformat()) == (
+        version, name, released, eol_lts)
+    assert DEBIAN_CSV_BOOKWORM in TEST_HOST_MATRIX.read_text()
+    assert (bookworm.kernel.package, bookworm.firmware.package) == ("linux-image-amd64", "firmware-linux-free")
+
+
+def test_another_matrix_file_stands_in_for_the_appliances_own() -> None:
+    runner = CliRunner()
+    args = ["host", "release", "--distribution", "Debian", "--codename", "bookworm", "--json"]
+    assert runner.invoke(app, args).exit_code == 1  # the appliance provisions no Debian
+    given = runner.invoke(app, [*args, "--releases", str(TEST_HOST_MATRIX)])
+    assert given.exit_code == 0, given.output
+    assert json.loads(given.stdout)["message"] == "Debian 12 (bookworm), supported until 2028-06-30"
+    # An empty --releases is the appliance's own matrix (the roles always pass b70_release_matrix).
+    assert runner.invoke(app, [*args, "--releases", ""]).exit_code == 1
+    noble = runner.invoke(app, ["host", "release", "--distribution", "Ubuntu", "--codename", "noble",
+                                "--releases", str(TEST_HOST_MATRIX)])
+    assert noble.exit_code == 1 and "install one of Debian 12 (bookworm)" in noble.stdout
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "No such file or directory"),
+    ("releases: [\n", "is not YAML"),
+    ("schema_version: 1\n", "is invalid"),
+    ("schema_version: 1\nschema_version: 1\n", "key 'schema_version' on line 2 is given already on line 1"),
+])
+def test_a_bad_matrix_file_is_one_line(tmp_path: Path, content: str | None, problem: str) -> None:
+    path = tmp_path / "matrix.yaml"
+    if content is not None:
+        path.write_text(content)
+    result = CliRunner().invoke(app, ["host", "release", "--distribution", "Ubuntu", "--codename", "noble",
+                                      "--releases", str(path)])
+    assert isinstance(result.exception, BadInput) and result.exception.exit_code == 2
+    assert problem in str(result.exception) and "\n" not in str(result.exception)
+
+
+def test_a_release_whose_packages_come_from_no_listed_index_is_refused(tmp_path: Path) -> None:
+    matrix = yaml.safe_load(TEST_HOST_MATRIX.read_text())
+    matrix["releases"][0]["kernel"]["source"] = "debian-backports"
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    with pytest.raises(BadInput, match=r"bookworm: packages come from \['debian-backports'\], which indexes does "):
+        load_matrix(str(path))

@@ -254,6 +254,9 @@ DistributionOption = Annotated[str | None, typer.Option(
     "<root>/etc/os-release")]
 CodenameOption = Annotated[str | None, typer.Option(
     "--codename", show_default=False, help="Release codename (noble, resolute); default from <root>/etc/os-release")]
+ReleasesOption = Annotated[str | None, typer.Option(
+    "--releases", show_default=False, help="Release matrix file to read instead of the appliance's own "
+    "(control/b70ctl/host/releases.yaml), in its schema; empty: the appliance's own")]
 
 
 def _distribution_and_codename(root: str, distribution: str | None, codename: str | None) -> tuple[str, str]:
@@ -275,13 +278,14 @@ def release_command(
     root: RootOption = "/",
     distribution: DistributionOption = None,
     codename: CodenameOption = None,
+    releases: ReleasesOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Is this a release the appliance provisions (control/b70ctl/host/releases.yaml)? Exit 1 when it is not,
     naming its end-of-life date and the upgrade, or the supported releases."""
-    from b70ctl.host.releases import release_verdict
+    from b70ctl.host.releases import load_matrix, release_verdict
 
-    verdict = release_verdict(*_distribution_and_codename(root, distribution, codename))
+    verdict = release_verdict(*_distribution_and_codename(root, distribution, codename), matrix=load_matrix(releases))
     if as_json:
         _print_json(verdict.model_dump(mode="json"))
     else:
@@ -299,16 +303,20 @@ def kernel_plan_command(
         "--facts", help="Read the host's facts from this file (or - for stdin) instead of under --root")] = None,
     distribution: DistributionOption = None,
     codename: CodenameOption = None,
+    releases: ReleasesOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Does the running kernel drive the recipe's GPUs? {needed, reason, packages, reboot_required}: the
     distribution's kernel and firmware the host_kernel role installs before a reboot."""
     from b70ctl.host.kernel import kernel_plan
+    from b70ctl.host.releases import load_matrix
 
     if facts is None:
         _check_root(root)
+    matrix = load_matrix(releases)
     host_facts = load_facts(facts).model_dump() if facts else collect_facts(root)
-    plan = kernel_plan(load_recipe(recipe), host_facts, *_distribution_and_codename(root, distribution, codename))
+    plan = kernel_plan(load_recipe(recipe), host_facts, *_distribution_and_codename(root, distribution, codename),
+                       matrix=matrix)
     if as_json:
         _print_json(plan.model_dump(mode="json"))
         return

@@ -8,7 +8,9 @@ host_kernel role acts on: install the named packages, then reboot (b70_allow_reb
   Battlemage firmware files are missing: then linux-firmware comes too.
 - Not needed when the GPUs are bound and the firmware is good (a converged host, the test hosts' trees), on CPU
   recipes, on a host without any of the recipe's GPUs (a kernel adds no card), and on a distribution or release the
-  matrix does not provision (Debian test hosts: their kernel is the machine's; preflight refuses real ones).
+  matrix does not provision (Debian test hosts under the appliance's own matrix: their kernel is the machine's;
+  preflight refuses real ones). Given a matrix naming Debian's kernel (tests/fixtures/releases-testhosts.yaml), a
+  test host whose emulated GPUs are unbound is planned for like any host, so the install path runs there too.
 - A host already running the release's kernel series whose GPUs are still unbound is not something a kernel
   package fixes (xe.force_probe, a blacklist, dmesg): the plan says so instead of rebooting it again and again.
 """
@@ -58,7 +60,7 @@ def kernel_plan(recipe: Recipe, facts: dict[str, Any], distribution: str, codena
 
     if recipe.host.accelerator != "xpu":
         return not_needed(f"recipe {recipe.name} runs on the CPU: no GPU kernel to provision")
-    release = matrix.find(codename) if distribution.lower() == "ubuntu" else None
+    release = matrix.find(codename, distribution)
     if release is None or release.support != "supported" or release.kernel is None or release.firmware is None:
         return not_needed(f"{distribution} {codename or '(no codename)'} is not a release the appliance provisions "
                           f"kernels for: the running kernel {running or '?'} is left as it is")

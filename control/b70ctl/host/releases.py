@@ -2,6 +2,9 @@
 this module): codename, version, support state, end-of-life date, the kernel a B70 needs on it and where each
 package family comes from, each fact with the source it was read from.
 
+Another matrix file of the same schema may stand in for it (`--releases FILE`, the b70_release_matrix variable):
+the Debian test hosts are given one naming Debian's own kernel, so host_kernel's install path runs on them.
+
 `release_verdict` is what preflight asks (`b70ctl host release`): a supported release passes; an end-of-life one is
 refused naming its end-of-life date and the upgrade; an unknown one (or another distribution) naming the
 supported ones. A release marked supported whose end-of-life date has passed is refused the same way, so the
@@ -19,9 +22,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from b70ctl.errors import BadInput, first_problem
+from b70ctl.files import MAX_DOCUMENT_BYTES, read_bounded
+from b70ctl.recipes.model import load_yaml_unique
 
 DATA_FILE = "releases.yaml"
-Source = Literal["ubuntu-archive", "kobuk-team-ppa"]
 
 
 class _Model(BaseModel):
@@ -31,7 +35,7 @@ class _Model(BaseModel):
 class PackageFrom(_Model):
     package: str | None = None
     packages: list[str] = Field(default_factory=list, description="Several packages of one family (gpu_runtime)")
-    source: Source
+    source: str = Field(description="The key of the matrix's indexes this package family is read from")
     series: str | None = Field(None, description="Kernel series the package brings (kernel only), e.g. 6.17")
 
     @property
@@ -48,6 +52,7 @@ class IndexTemplate(_Model):
 
 
 class Release(_Model):
+    distribution: str = Field("Ubuntu", description="As Ansible names it (ansible_facts.distribution)")
     codename: str
     version: str
     name: str
@@ -73,7 +78,12 @@ class Release(_Model):
 
     @property
     def title(self) -> str:
-        return f"Ubuntu {self.version}{' LTS' if self.lts else ''} ({self.codename})"
+        return f"{self.distribution} {self.version}{' LTS' if self.lts else ''} ({self.codename})"
+
+    @property
+    def parts(self) -> dict[str, PackageFrom]:
+        return {name: part for name in ("kernel", "firmware", "gpu_runtime", "container_engine")
+                if (part := getattr(self, name)) is not None}
 
 
 class ReleaseMatrix(_Model):
@@ -81,7 +91,7 @@ class ReleaseMatrix(_Model):
     read_on: str
     sources: dict[str, str]
     upgrade: str
-    indexes: dict[Source, IndexTemplate]
+    indexes: dict[str, IndexTemplate]
     releases: list[Release]
 
     @model_validator(mode="after")
@@ -90,6 +100,9 @@ class ReleaseMatrix(_Model):
             unknown = sorted(set(release.read_from) - set(self.sources))
             if unknown or not release.read_from:
                 raise ValueError(f"{release.codename}: read_from names no source or unknown ones {unknown}")
+            no_index = sorted({part.source for part in release.parts.values()} - set(self.indexes))
+            if no_index:
+                raise ValueError(f"{release.codename}: packages come from {no_index}, which indexes does not list")
         return self
 
     def package_set(self) -> dict[str, object]:
@@ -103,15 +116,17 @@ class ReleaseMatrix(_Model):
                 groups[group] = [{"name": name, "source": part.source} for part in parts if part is not None
                                  for name in part.names]
             sources = sorted({request["source"] for requests in groups.values() for request in requests})
-            indexes = [{"source": source, "uri": self.indexes[source].uri,  # type: ignore[index]
+            indexes = [{"source": source, "uri": self.indexes[source].uri,
                         "suite": suite.format(codename=release.codename),
-                        "components": self.indexes[source].components}  # type: ignore[index]
-                       for source in sources for suite in self.indexes[source].suites]  # type: ignore[index]
+                        "components": self.indexes[source].components}
+                       for source in sources for suite in self.indexes[source].suites]
             series[release.codename] = {"codename": release.codename, "indexes": indexes, "groups": groups}
         return {"series": series}
 
-    def find(self, codename: str) -> Release | None:
-        return next((release for release in self.releases if release.codename == codename.lower()), None)
+    def find(self, codename: str, distribution: str | None = None) -> Release | None:
+        """The release of that codename (and distribution, when given: Debian's bookworm is no Ubuntu release)."""
+        return next((release for release in self.releases if release.codename == codename.lower()
+                     and (distribution is None or release.distribution.lower() == distribution.lower())), None)
 
     @property
     def supported(self) -> list[Release]:
@@ -119,13 +134,24 @@ class ReleaseMatrix(_Model):
 
 
 @cache
-def load_matrix() -> ReleaseMatrix:
-    text = resources.files("b70ctl.host").joinpath(DATA_FILE).read_text(encoding="utf-8")
+def load_matrix(path: str | None = None) -> ReleaseMatrix:
+    """The appliance's own matrix, or the file at `path` (the same schema)."""
+    fix = "give a release matrix of the schema of control/b70ctl/host/releases.yaml"
+    if path:
+        name = path
+        try:
+            text = read_bounded(path, MAX_DOCUMENT_BYTES, name, fix).decode("utf-8", errors="replace")
+        except OSError as error:
+            raise BadInput(f"{name}: {error.strerror}: {fix}") from None
+    else:
+        name = f"b70ctl/host/{DATA_FILE}"
+        text = resources.files("b70ctl.host").joinpath(DATA_FILE).read_text(encoding="utf-8")
     try:
-        return ReleaseMatrix.model_validate(yaml.safe_load(text))
+        return ReleaseMatrix.model_validate(load_yaml_unique(text, name))
+    except yaml.YAMLError as error:
+        raise BadInput(f"{name} is not YAML ({str(error).splitlines()[0]}): {fix}") from None
     except ValidationError as error:
-        raise BadInput(f"b70ctl/host/{DATA_FILE} is invalid ({first_problem(error)}): fix the release matrix") \
-            from error
+        raise BadInput(f"{name} is invalid ({first_problem(error)}): fix the release matrix") from None
 
 
 class ReleaseVerdict(_Model):
@@ -142,7 +168,7 @@ def release_verdict(distribution: str, codename: str, today: dt.date | None = No
     matrix = matrix or load_matrix()
     today = today or dt.date.today()
     supported = ", ".join(release.title for release in matrix.supported)
-    release = matrix.find(codename) if distribution.lower() == "ubuntu" else None
+    release = matrix.find(codename, distribution)
     if release is None:
         return ReleaseVerdict(
             supported=False, distribution=distribution, codename=codename, release=None,
