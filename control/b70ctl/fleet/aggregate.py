@@ -140,7 +140,7 @@ def workload_figures(report: Report) -> list[dict[str, Any]]:
         figures.append({
             "name": workload.name,
             "median_decode_tok_s": workload.decode_tok_s.median if workload.decode_tok_s else None,
-            "peak_decode_tok_s": workload.peak_tok_s.max if workload.peak_tok_s else None,
+            "peak_decode_tok_s": workload.peak,
             "acceptance_rate": spec.acceptance_rate if spec else None,
             "mean_acceptance_length": spec.mean_acceptance_length if spec else None,
             "per_position_acceptance": spec.per_position_acceptance if spec else [],

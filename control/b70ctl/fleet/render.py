@@ -42,6 +42,7 @@ from b70ctl.fleet.model import (
 )
 from b70ctl.redact import printable, redact_credentials
 from b70ctl.report.markdown import efficiency_text
+from b70ctl.report.model import PEAK_LABEL
 
 FLEET_MD = "fleet.md"
 FLEET_HTML = "fleet.html"
@@ -150,6 +151,7 @@ def _environment(report_kind: str) -> Environment:
     environment.filters.update(names=_names if report_kind == "html" else _markdown_names, labels=_labels, group_kind=_group_kind, number=_number,
                                percent=_percent, md=_md_cell, short=_short, cell=_cell, code=_code,
                                efficiency=efficiency_text)
+    environment.globals["peak_label"] = PEAK_LABEL  # the host reports' name for the same figure
     return environment
 
 

@@ -22,7 +22,7 @@ from b70ctl.report.markdown import (
     roofline_workload_rows,
     status_line,
 )
-from b70ctl.report.model import Report, Summary
+from b70ctl.report.model import PEAK_LABEL, Report, Summary
 from b70ctl.report.plots import acceptance_per_position_svg, decode_per_request_svg
 
 STYLE = """
@@ -69,14 +69,14 @@ def _measured(measured: float | list[float] | None) -> str:
 
 
 def _workload_table(report: Report) -> list[str]:
-    rows = ["<table>", "<tr><th>workload</th><th>decode tok/s (median)</th><th>clock</th><th>peak tok/s</th>"
+    rows = ["<table>", f"<tr><th>workload</th><th>decode tok/s (median)</th><th>clock</th><th>{PEAK_LABEL}</th>"
             "<th>TTFT ms</th><th>acceptance</th><th>mean acceptance length</th><th>requests</th></tr>"]
     for workload in report.throughput.workloads if report.throughput else []:
         spec = workload.spec_decode if workload.spec_decode and not workload.spec_decode.polluted else None
         ttft = workload.ttft_s.median * 1000 if workload.ttft_s else None
         rows.append(
             f"<tr><td>{_text(workload.name)}</td><td class=\"num\">{_median(workload.decode_tok_s, 2)}</td>"
-            f"<td>{_text(workload.timing_source)}</td><td class=\"num\">{_median(workload.peak_tok_s, 2)}</td>"
+            f"<td>{_text(workload.timing_source)}</td><td class=\"num\">{_number(workload.peak, 2)}</td>"
             f"<td class=\"num\">{_number(ttft)}</td>"
             f"<td class=\"num\">{_number(spec.acceptance_rate if spec else None, 3)}</td>"
             f"<td class=\"num\">{_number(spec.mean_acceptance_length if spec else None, 2)}</td>"

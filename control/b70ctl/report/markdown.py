@@ -6,7 +6,7 @@ llama-benchy table B70 users paste into issues, and a headline that names what f
 from __future__ import annotations
 
 from b70ctl.recipes.model import Recipe
-from b70ctl.report.model import Environment, Report, Roofline, Summary, WorkloadResult
+from b70ctl.report.model import PEAK_LABEL, Environment, Report, Roofline, Summary, WorkloadResult
 
 VERDICT_MARK = {"met": "✅ met", "not_met": "❌ not met", "not_measured": "➖ not measured"}
 WORKLOAD_TITLES = {
@@ -44,14 +44,14 @@ def _workload_verdict(report: Report, workload: str) -> str:
 
 def summary_table(report: Report) -> list[str]:
     """One row per workload: what llama-benchy prints (t/s, peak, TTFT), plus per-token ITL and acceptance."""
-    lines = ["| workload | t/s | peak t/s | TTFT ms | ITL ms | acceptance | mean acceptance length | n | verdict |",
+    lines = [f"| workload | t/s | {PEAK_LABEL} | TTFT ms | ITL ms | acceptance | mean acceptance length | n | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for workload in report.throughput.workloads if report.throughput else []:
         spec = workload.spec_decode if workload.spec_decode and not workload.spec_decode.polluted else None
         decode = workload.decode_tok_s
         lines.append(
             f"| {workload.name} | {_fmt(decode.median if decode else None)} "
-            f"| {_fmt(workload.peak_tok_s.median if workload.peak_tok_s else None)} "
+            f"| {_fmt(workload.peak)} "
             f"| {_ms(workload.ttft_s.median * 1000 if workload.ttft_s else None)} "
             f"| {_ms(workload.itl_ms.median_ms if workload.itl_ms else None)} "
             f"| {_fmt(spec.acceptance_rate * 100 if spec and spec.acceptance_rate is not None else None, 1)}"
