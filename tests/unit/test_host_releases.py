@@ -175,3 +175,18 @@ def test_a_release_whose_packages_come_from_no_listed_index_is_refused(tmp_path:
     path.write_text(yaml.safe_dump(matrix))
     with pytest.raises(BadInput, match=r"bookworm: packages come from \['debian-backports'\], which indexes does "):
         load_matrix(str(path))
+
+
+def test_every_supported_release_installs_a_kernel_every_gpu_recipe_accepts() -> None:
+    """The kernel plan installs the release's kernel and reboots; were its series older than a recipe's kernel_min,
+    preflight would refuse the host after the reboot (as it refuses Debian 12's 6.1, tried on a test host). The
+    shipped matrix and recipes must never pair so."""
+    from b70ctl.recipes import load_recipe, recipe_names
+    from b70ctl.versions import version_at_least
+
+    recipes = [recipe for recipe in map(load_recipe, recipe_names()) if recipe.host.accelerator == "xpu"]
+    assert recipes
+    for release in load_matrix().supported:
+        for recipe in recipes:
+            if recipe.host.kernel_min:
+                assert version_at_least(release.kernel.series, recipe.host.kernel_min), (release.codename, recipe.name)
