@@ -15,7 +15,10 @@ site: $(INSTALLED)
 demo: $(INSTALLED)
 	$(VENV)/bin/b70ctl demo --out reports/demo
 
+# The static gate first (seconds): ruff, and mypy --strict over b70ctl (pyproject.toml configures both).
 test: $(INSTALLED)
+	$(VENV)/bin/ruff check control tests scripts benchmarks roles
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 clean:

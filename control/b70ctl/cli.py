@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -26,6 +26,7 @@ from b70ctl.report.verdict import describe_bound
 
 if TYPE_CHECKING:
     from b70ctl.checks.client import Endpoint
+    from b70ctl.report.model import Report
 
 # The sub-commands that live in their own package, imported only when named: `b70ctl fleet report`, the one b70ctl
 # call of a converged site.yml, then starts without the tuner, docker, httpx and the lock resolver. Each is a Typer
@@ -44,15 +45,17 @@ SUBCOMMANDS = {
 
 class LazyGroup(TyperGroup):
     """b70ctl's top-level group: the commands defined here, then SUBCOMMANDS, each loaded on first use (help and
-    shell completion load them all)."""
+    shell completion load them all). Contexts and commands are typed Any: typer's are its vendored click's, which it
+    does not export."""
 
-    def list_commands(self, ctx) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         return [*super().list_commands(ctx), *(name for name in SUBCOMMANDS if name not in self.commands)]
 
-    def get_command(self, ctx, cmd_name: str):
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name not in self.commands and cmd_name in SUBCOMMANDS:
             module, attribute = SUBCOMMANDS[cmd_name]
             loaded = getattr(__import__(module, fromlist=[attribute]), attribute)
+            command: Any
             if isinstance(loaded, typer.Typer):
                 command = typer.main.get_group(loaded)
                 command.name = cmd_name
@@ -63,7 +66,7 @@ class LazyGroup(TyperGroup):
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
 
-    def resolve_command(self, ctx, args):
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         if args and args[0] not in self.commands and args[0] not in SUBCOMMANDS:
             for name in SUBCOMMANDS:  # not a command: load them all, so "Did you mean ...?" can name any
                 self.get_command(ctx, name)
@@ -93,7 +96,7 @@ def _options(version: Annotated[bool, typer.Option(
     """Run Qwen3.8-27B with a DSpark drafter on Arc Pro B70 hosts, and verify it against the published claims."""
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """One line on stderr and the exit code; never a traceback for a user's mistake."""
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -225,10 +228,12 @@ def verify(
         help="Record the endpoint's greedy outputs as a reference FILE and exit")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name, if not the recipe's")] = None,
     api_key_file: Annotated[Path | None, typer.Option(
-        help="File holding the API key (else $B70CTL_API_KEY, $VLLM_API_KEY or $OPENAI_API_KEY, the first set)")] = None,
+        help="File holding the API key (else $B70CTL_API_KEY, $VLLM_API_KEY or $OPENAI_API_KEY, "
+             "the first set)")] = None,
     host_facts: Annotated[Path | None, typer.Option(help="Host facts JSON to record in the report")] = None,
     host: Annotated[str | None, typer.Option(
-        help="Name of the verified host in the reports (default: from --host-facts, else the report's directory)")] = None,
+        help="Name of the verified host in the reports (default: from --host-facts, "
+             "else the report's directory)")] = None,
     model_dir: Annotated[Path | None, typer.Option(
         help="The served target's directory, when the server runs on this machine: the report's roofline then "
              "reads its shape there and, for a CPU recipe, measures this machine's memory bandwidth")] = None,
@@ -328,7 +333,7 @@ def demo(
     raise typer.Exit(0 if report.passed else 1)
 
 
-def render_verdicts(report, out_dir: Path) -> None:
+def render_verdicts(report: Report, out_dir: Path) -> None:
     """The verdicts for people, on stdout (`| tee` keeps them); progress and warnings stay on stderr."""
     table = Table("claim", "required", "measured", "verdict", title=f"{report.recipe} @ {report.endpoint}")
     styles = {"met": "green", "not_met": "red", "not_measured": "yellow"}
@@ -337,7 +342,8 @@ def render_verdicts(report, out_dir: Path) -> None:
         shown = (" ".join(f"{m:.2f}" for m in measured) if isinstance(measured, list)
                  else f"{measured:.3g}" if measured is not None else "-")
         table.add_row(verdict.description, verdict.bound, shown,
-                      f"[{styles[verdict.verdict]}]{verdict.verdict}[/]" + (f" ({verdict.reason})" if verdict.reason else ""))
+                      f"[{styles[verdict.verdict]}]{verdict.verdict}[/]"
+                      + (f" ({verdict.reason})" if verdict.reason else ""))
     out = Console()
     out.print(table)
     checks = [(name, result) for name, result in (("smoke", report.smoke), ("correctness", report.correctness),

@@ -4,7 +4,8 @@ The session brings up four hosts with scripts/testhosts (docker engine, debootst
 network and SSH key are all made there, safe to re-run) and copies into each the hardware it emulates: a sysfs
 tree from tests/fixtures/sysfs.py (host 1: 2x B70 behind one switch, host 2: 2x B70 on separate root ports, host 4:
 2x B70 under a kernel that has no xe driver for them, for host_kernel) and the host package lock of real Debian
-.debs (debianset.py). Host 3 stays bare: the broken-inventory tests prove that preflight changes nothing on it. Everything is torn down when the last appliance test is done, before any other
+.debs (debianset.py). Host 3 stays bare: the broken-inventory tests prove that preflight changes nothing on it.
+Everything is torn down when the last appliance test is done, before any other
 test runs: the hosts serve real vLLM, and left up they would starve the real-vLLM tests of memory and cores
 (B70_KEEP_TESTHOSTS=1 keeps them).
 """

@@ -30,7 +30,8 @@ def machine_indexes(source: str, codename: str = TEST_HOST_SERIES) -> list[dict[
     indexes: list[dict[str, object]] = []
     for sources in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
         for stanza in sources.read_text().split("\n\n"):
-            fields = dict(line.split(":", 1) for line in stanza.splitlines() if ":" in line and not line.startswith("#"))
+            fields = dict(line.split(":", 1) for line in stanza.splitlines()
+                          if ":" in line and not line.startswith("#"))
             suites = [suite for suite in fields.get("Suites", "").split() if suite.split("-")[0] == codename]
             if "deb" not in fields.get("Types", "deb").split() or not suites:
                 continue

@@ -150,7 +150,8 @@ def start_hosts(prefix: str, subnet: str, scenarios: dict[int, str | None], work
     """Hosts PREFIX-1..N (fresh ones, or the running ones kept); each with a scenario gets its sysfs tree."""
     started = json.loads(testhosts("up", "--count", str(len(scenarios)), "--prefix", prefix, "--subnet", subnet,
                                    *(["--fresh"] if fresh else [])))
-    hosts = [HostUnderTest(h["name"], h["address"], scenarios[index]) for index, h in enumerate(started["hosts"], start=1)]
+    hosts = [HostUnderTest(h["name"], h["address"], scenarios[index])
+             for index, h in enumerate(started["hosts"], start=1)]
     for host in hosts:
         if host.scenario is not None:
             give_hardware(host.name, host.scenario, work_dir)

@@ -135,7 +135,8 @@ def rendered(host: HostUnderTest, recipe: str) -> dict:
     """`b70ctl serve render` for this host's topology, with the paths the unit mounts the models at."""
     topology = on(host.name).file("/etc/b70/topology.json").content_string
     result = subprocess.run([str(B70CTL), "serve", "render", "--json", "--recipe", recipe, "--model-dir",
-                             "/models/target", "--drafter-dir", "/models/drafter", "--port", str(PORT), "--topology", "-"],
+                             "/models/target", "--drafter-dir", "/models/drafter", "--port", str(PORT),
+                             "--topology", "-"],
                             input=topology, capture_output=True, text=True, check=True)
     return json.loads(result.stdout)
 

@@ -213,7 +213,8 @@ def model_dir_plans(run: PlaybookRun) -> list[dict]:
     """The b70_model_dir plans of a -v run (one per installed directory), from its JSON results."""
     section = run.output.split("TASK [model_store : Compare the host's target and drafter with their manifests]")[1]
     section = section.split("TASK [")[0]
-    return [json.loads(line.split(" => ", 2)[2]) for line in section.splitlines() if line.startswith(("ok:", "changed:"))]
+    return [json.loads(line.split(" => ", 2)[2]) for line in section.splitlines()
+            if line.startswith(("ok:", "changed:"))]
 
 
 def task_items(run: PlaybookRun, task: str) -> list[str]:

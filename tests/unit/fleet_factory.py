@@ -259,7 +259,8 @@ def synthetic_fleet(hosts: int, recipe: str = "pr620-fp8-tp2",
             continue
         key = (speed, tuple(sorted(overrides.items())))
         if key not in entry_of_kind:
-            template = make_report(recipe, "template", speed=speed, environment=environment_for("template", **overrides))
+            template = make_report(recipe, "template", speed=speed,
+                                   environment=environment_for("template", **overrides))
             entry_of_kind[key] = host_entry_from_report("template", LoadedReport(template, "template"), None)
         template_entry = entry_of_kind[key]
         factor = 1 + random.Random(host).uniform(-JITTER, JITTER)

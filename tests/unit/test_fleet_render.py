@@ -243,7 +243,8 @@ def test_host_table_sorts_on_a_header_click(rendered):
     assert ascending[: len(measured)] == measured
     assert descending[: len(measured)] == measured[::-1]
     # Hosts without the figure stay last both ways.
-    assert set(ascending[len(measured):]) == set(descending[len(measured):]) == {e.host for e in report.hosts} - set(short)
+    assert set(ascending[len(measured):]) == set(descending[len(measured):]) \
+        == {e.host for e in report.hosts} - set(short)
     assert by_name == sorted(entry.host for entry in report.hosts)
 
 
@@ -258,8 +259,10 @@ function element(text, attributes) {
     addEventListener(type, listener) { this.listeners[type] = listener; }};
 }
 const headers = input.headers.map((text) => element(text, {}));
-const rows = input.rows.map((cells) => ({cells: cells.map((c) => element(c.text, c.sort === null ? {} : {"data-sort": c.sort}))}));
-const body = {rows: rows.slice(), appendChild(row) { this.rows.splice(this.rows.indexOf(row), 1); this.rows.push(row); }};
+const rows = input.rows.map((cells) => ({cells: cells.map((c) => element(c.text, \
+c.sort === null ? {} : {"data-sort": c.sort}))}));
+const body = {rows: rows.slice(), appendChild(row) { this.rows.splice(this.rows.indexOf(row), 1); \
+this.rows.push(row); }};
 const table = {tHead: {rows: [{cells: headers}]}, tBodies: [body]};
 globalThis.document = {querySelectorAll: (selector) => (selector === "table.sortable" ? [table] : [])};
 new Function(input.script)();
@@ -365,7 +368,8 @@ def test_fleet_md_lists_unexplained_outliers_then_failures_then_drift(fleet_of_s
     assert "outlier" not in {expected[host] for host in sections.get("drift", [])}
     # Within the outliers, the most extreme first.
     outliers = {o["host"]: max(abs(x["robust_z"]) for x in fleet["recipes"][0]["outliers"] if x["host"] == o["host"])
-                for o in fleet["recipes"][0]["outliers"] if expected[o["host"]] == "outlier"} if fleet["recipes"] else {}
+                for o in fleet["recipes"][0]["outliers"] if expected[o["host"]] == "outlier"} \
+        if fleet["recipes"] else {}
     shown = [outliers[host] for host in sections.get("outlier", [])]
     assert shown == sorted(shown, reverse=True)
     if fleet["summary"]["hosts"] >= 200:  # the planted kinds all occur from 200 hosts on

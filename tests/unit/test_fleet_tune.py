@@ -1,5 +1,6 @@
 """The fleet report shows each host's tune against the recipe's default: fleet.json hosts[].tune from
-reports/<host>/tune/tune.json (what playbooks/tune.yml leaves), a bounded section of fleet.md and a table in fleet.html."""
+reports/<host>/tune/tune.json (what playbooks/tune.yml leaves), a bounded section of fleet.md and a table in
+fleet.html."""
 
 from __future__ import annotations
 

@@ -240,7 +240,7 @@ def test_a_deb_whose_hash_differs_is_refused_in_one_line(tmp_path: Path, mirror:
 def test_lock_check_names_the_host_and_each_package_that_drifted(tmp_path: Path, mirror: Mirror) -> None:
     lock = resolve(tmp_path, mirror)
     pins = {pin.name: pin for pin in load_debs_lock(lock).series[SERIES].packages}
-    installed = f"hi libze1 1.8.11-1 amd64\nii libc6 2.36-9 amd64\n"  # libigdgmm12 missing, libze1 moved
+    installed = "hi libze1 1.8.11-1 amd64\nii libc6 2.36-9 amd64\n"  # libigdgmm12 missing, libze1 moved
     result = b70ctl("lock", "check", "--host-packages", "--packages-lock", str(lock), "--series", SERIES,
                     "--installed", "-", "--host", "b70-a", "--json", stdin=installed)
     assert result.exit_code == 1
@@ -285,7 +285,8 @@ def test_the_committed_lock_pins_what_ubuntu_publishes_and_says_what_it_could_no
 
     lock = load_debs_lock(DEFAULT_LOCK)
     manifest = yaml.safe_load((REPO / "tests" / "fixtures" / "apt-manifest.yaml").read_text())
-    archive = {entry["name"]: entry["version"] for entry in manifest["sources"]["ubuntu-archive"]["packages"]["resolute"]}
+    archive = {entry["name"]: entry["version"]
+               for entry in manifest["sources"]["ubuntu-archive"]["packages"]["resolute"]}
     resolute = {pin.name: pin for pin in lock.series["resolute"].packages}
     assert {name: resolute[name].version for name in ("libze1", "libze-intel-gpu1")} == \
         {name: archive[name] for name in ("libze1", "libze-intel-gpu1")}

@@ -94,13 +94,13 @@ def _install(source: Path, host_dir: Path, files: list[dict]) -> dict:
     for path in planned["send"]:
         entry = next(entry for entry in files if entry["path"] == path)
 
-        def stage(index: int, offset: int, length: int) -> str:
+        def stage(index: int, offset: int, length: int, path: str = path) -> str:
             with open(source / path, "rb") as handle:
                 handle.seek(offset)
                 (staging / str(index)).write_bytes(handle.read(length))
             return str(staging / str(index))
 
-        def host(chunk_sha256: list[str], staged: dict[str, str], finish: bool) -> dict:
+        def host(chunk_sha256: list[str], staged: dict[str, str], finish: bool, entry: dict = entry) -> dict:
             return model_dir.transfer_chunks(str(host_dir), entry, 4096, chunk_sha256, staged, finish)
 
         model_dir.send_file(str(source / path), entry, 4096, 4 * 4096, host, stage)

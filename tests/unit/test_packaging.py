@@ -42,7 +42,8 @@ def test_core_dependencies_are_ranges_without_the_appliance_packages():
     core = [Requirement(text) for text in project()["dependencies"]]
     extras = {name: [Requirement(text) for text in texts] for name, texts in project()["optional-dependencies"].items()}
     assert not [r.name for r in core if any(spec.operator == "==" for spec in r.specifier)]
-    assert {r.name for r in core} & {"ansible-core", "docker", "paramiko", "huggingface-hub", "dockerfile-parse"} == set()
+    assert {r.name for r in core} & {"ansible-core", "docker", "paramiko", "huggingface-hub",
+                                     "dockerfile-parse"} == set()
     assert {r.name for r in extras["appliance"]} == {"ansible-core", "docker", "paramiko", "huggingface-hub",
                                                      "dockerfile-parse"}
     assert "b70ctl" in {r.name for r in extras["test"]}, "the test extra brings the appliance extra along"

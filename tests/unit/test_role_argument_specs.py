@@ -37,7 +37,8 @@ def mismatches(options: dict[str, dict], defaults: dict[str, object]) -> list[st
 
 
 def test_the_host_layer_roles_exist() -> None:
-    assert {"b70", "preflight", "host_kernel", "intel_gpu", "container_engine", "gpu_topology", "locked_debs"} <= set(ROLES)
+    assert {"b70", "preflight", "host_kernel", "intel_gpu", "container_engine", "gpu_topology",
+            "locked_debs"} <= set(ROLES)
     assert "oneapi" not in ROLES  # its SYCL runtime was used by nothing on the host
 
 

@@ -98,12 +98,14 @@ def _conflicting_edit(root: Path) -> None:
     registry = root / REGISTRY
     text = registry.read_text()
     assert DFLASH_ENTRY in text
-    registry.write_text(text.replace(DFLASH_ENTRY, DFLASH_ENTRY + '    "VendorDraftModel": ("vendor_draft", "VendorDraft"),\n'))
+    registry.write_text(text.replace(DFLASH_ENTRY,
+                                     DFLASH_ENTRY + '    "VendorDraftModel": ("vendor_draft", "VendorDraft"),\n'))
 
 
 def _vendor(patch: Path) -> VendorPatch:
     digest = hashlib.sha256(patch.read_bytes()).hexdigest()
-    return VendorPatch(name=patch.name, file=patch, sha256=digest, description=f"example/vendor@{'a' * 12}:{patch.name}")
+    return VendorPatch(name=patch.name, file=patch, sha256=digest,
+                       description=f"example/vendor@{'a' * 12}:{patch.name}")
 
 
 def _series_with_vendor_line(tmp_path: Path) -> Path:

@@ -243,7 +243,7 @@ class VllmClient:
             raise EndpointError(f"GET /v1/models: a model entry has no id string, {not_vllm}", 200)
         if not names:
             raise EndpointError("GET /v1/models: the server lists no model", 200)
-        return names
+        return [str(name) for name in names]
 
     def _refused(self) -> str:
         if self.endpoint.api_key:

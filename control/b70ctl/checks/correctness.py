@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -28,7 +28,7 @@ from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, write_jso
 from b70ctl.recipes.model import CorrectnessSettings, Probe, Recipe
 from b70ctl.report.model import CorrectnessResult, GarbageFinding, PromptComparison
 
-REFERENCE_SCHEMA_VERSION = 1
+REFERENCE_SCHEMA_VERSION: Final = 1
 # Tokens of context shown on each side of a divergence: enough to read the sentence, short enough for a report.
 CONTEXT_TOKENS = 8
 # A tail counts as degenerate only when its n-gram repeats at least this often: two equal tokens in a row are

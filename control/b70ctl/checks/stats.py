@@ -142,7 +142,7 @@ def _binomial_half_cdf(n: int, k: int) -> float:
     """P(B <= k) for B ~ Binomial(n, 1/2), exact (integers until the one division)."""
     if k < 0:
         return 0.0
-    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2**n
+    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / (1 << n)
 
 
 def median_ci_ranks(n: int, confidence: float = DEFAULT_CONFIDENCE) -> tuple[int, int, float]:

@@ -335,7 +335,7 @@ def measure_request(stream: StreamResult, synthesized_prompt_tokens: int | None 
     if synthesized_prompt_tokens is not None and prefill_time_s:
         prefill_tok_s = (usage_prompt_tokens or synthesized_prompt_tokens) / prefill_time_s
     return RequestSample(
-        timing_source=source,  # type: ignore[arg-type]
+        timing_source=source,
         decode_tok_s=decode,
         peak_tok_s=None if delivery == "distorted" else client_peak,
         ttft_s=ttft_s,
@@ -350,7 +350,7 @@ def measure_request(stream: StreamResult, synthesized_prompt_tokens: int | None 
         client_decode_tok_s=client_decode,
         client_peak_tok_s=client_peak,
         client_ttft_s=client_ttft_s,
-        delivery=delivery,  # type: ignore[arg-type]
+        delivery=delivery,
         delivery_reason=delivery_reason,
         prompt_tokens_cached=engine.prompt_tokens_cached if engine is not None else None,
     )
@@ -389,7 +389,7 @@ def summarize_workload(workload: Workload, samples: list[RequestSample], gaps_by
         spec_decode=spec,
         metrics_error=metrics_error,
         error=error,
-        timing_source=timing_source,  # type: ignore[arg-type]
+        timing_source=timing_source,
         timing_note=timing_note,
         client_decode_tok_s=_summary([sample.client_decode_tok_s for sample in samples]),
         distorted_requests=sum(sample.delivery == "distorted" for sample in samples),

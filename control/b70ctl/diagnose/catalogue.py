@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -33,7 +34,7 @@ def catalogue_files(path: Path) -> list[Path]:
     return [path]
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as error:

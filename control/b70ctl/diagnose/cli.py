@@ -43,7 +43,8 @@ def run_diagnosis(logs: list[str], unit: str | None, ssh: str | None, topology: 
         found, read = collect_unit(local_runner, unit)
         lines += found
         names += read
-    profile = profile_source = None
+    profile: str | None = None
+    profile_source: str | None = None
     if topology is not None:
         from b70ctl.host.model import load_topology
 

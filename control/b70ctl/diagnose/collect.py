@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from b70ctl.diagnose.model import LogKind, LogLine
 from b70ctl.errors import BadInput
@@ -77,7 +77,7 @@ def lines_from_text(text: str, log: str, kind: LogKind | None = None) -> list[Lo
 
 # ---------------------------------------------------------------- verify reports
 
-def report_lines(report: dict, log: str) -> list[LogLine]:
+def report_lines(report: dict[str, Any], log: str) -> list[LogLine]:
     """The findings of a verify report.json, one line each, in the form the catalogue's `verify` patterns read."""
     found: list[str] = []
     correctness = report.get("correctness") or {}
@@ -98,7 +98,7 @@ def report_lines(report: dict, log: str) -> list[LogLine]:
     return [LogLine(log=log, kind="verify", number=number, text=text) for number, text in enumerate(found, 1)]
 
 
-def _as_report(text: str) -> dict | None:
+def _as_report(text: str) -> dict[str, Any] | None:
     if not text.lstrip().startswith("{"):
         return None
     try:
@@ -261,12 +261,12 @@ def local_runner(argv: list[str]) -> tuple[int, str, str]:
 
 # ---------------------------------------------------------------- SSH (paramiko)
 
-def ssh_settings(host: str, config_path: Path | None = None) -> dict:
+def ssh_settings(host: str, config_path: Path | None = None) -> dict[str, Any]:
     """What ~/.ssh/config says for HOST: hostname, port, user, identity files, proxy command, host key policy."""
     paramiko = require("paramiko", "diagnose --ssh")
 
     path = config_path or Path.home() / ".ssh" / "config"
-    looked_up: dict = {"hostname": host}
+    looked_up: dict[str, Any] = {"hostname": host}
     if path.is_file():
         try:
             looked_up = dict(paramiko.SSHConfig.from_path(str(path)).lookup(host))
@@ -286,7 +286,8 @@ def ssh_settings(host: str, config_path: Path | None = None) -> dict:
     }
 
 
-def ssh_runner(host: str, config_path: Path | None = None, timeout_s: float = SSH_TIMEOUT_S):
+def ssh_runner(host: str, config_path: Path | None = None,
+               timeout_s: float = SSH_TIMEOUT_S) -> tuple[Runner, Callable[[], None]]:
     """Connect once (honouring ~/.ssh/config and the SSH agent) and return (runner, close)."""
     paramiko = require("paramiko", "diagnose --ssh")
 

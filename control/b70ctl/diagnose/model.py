@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-CATALOGUE_SCHEMA_VERSION = 1
+CATALOGUE_SCHEMA_VERSION: Final = 1
 
 # Where a line comes from. `verify` lines are the findings of a verify report, rendered by report_lines().
 LogKind = Literal["serve", "kernel", "verify"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -25,6 +25,9 @@ from b70ctl.errors import BadInput
 from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded
 from b70ctl.report.load import MAX_REPORT_BYTES
 from b70ctl.report.model import Environment
+
+if TYPE_CHECKING:
+    from b70ctl.tune.model import TuneReport
 
 REPORT_FILE = "report.json"
 HOST_FACTS_FILE = "host_facts.json"
@@ -61,12 +64,13 @@ class _IgnoreOtherKeys(BaseModel):
 # host_facts.json: what the fleet report reads from a host's facts. Built from the report's Environment model, so
 # each fact is declared once: a field added there is read from host_facts.json too, with the same type. Keys are
 # those field names; any other key is ignored. Values from report.json win over these.
+_HOST_FACT_FIELDS: dict[str, Any] = {name: (field.annotation, None) for name, field in
+                                     Environment.model_fields.items() if name not in NOT_HOST_FACTS}
 HostFacts = create_model(
     "HostFacts",
     __base__=_IgnoreOtherKeys,
     __doc__="host_facts.json: the facts of one host, by the name of the report's Environment field they fill.",
-    **{name: (field.annotation, None) for name, field in Environment.model_fields.items()
-       if name not in NOT_HOST_FACTS},
+    **_HOST_FACT_FIELDS,
 )
 
 
@@ -109,7 +113,7 @@ def read_host_facts(path: Path) -> BaseModel | str:
 TUNE_FILE = "tune/tune.json"  # `b70ctl tune` of the host (playbooks/tune.yml), beside its report
 
 
-def read_tune(path: Path):
+def read_tune(path: Path) -> TuneReport | str:
     """The host's tune report, or one line saying why it cannot be read."""
     from b70ctl.tune.model import TuneReport
 

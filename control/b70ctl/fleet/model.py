@@ -8,13 +8,13 @@ majority (kernel, firmware, image, model revisions, P2P profile ...) and how muc
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from b70ctl.report.model import Environment, Verdict
 
-FLEET_SCHEMA_VERSION = 1
+FLEET_SCHEMA_VERSION: Final = 1
 
 # Environment fields that must agree across a fleet serving one recipe; a host that differs from the majority
 # is flagged as drift. Order = the order of columns in tables.

@@ -172,8 +172,9 @@ def decode_per_host_svg(fleet: RecipeFleet, hosts: Sequence[HostEntry]) -> str |
         label_width = axes.ticks(xticks=xticks, yticks=yticks,
                                  xlabels=[host for _, host in points] if named_ticks else None,
                                  xlabel_size=7 if named_ticks else 9, rotate_xlabels=named_ticks)
+        fleet_median = workload.median_decode_tok_s.median if workload.median_decode_tok_s else float("nan")
         axes.title(f"{fleet.recipe} · {name}: median decode tok/s per host ({len(points)} hosts, fleet median "
-                   f"{workload.median_decode_tok_s.median:.1f})")
+                   f"{fleet_median:.1f})")
         axes.ylabel("tok/s", tick_label_width=label_width)
         if not named_ticks:
             axes.xlabel("hosts, sorted by tok/s", below=TICK_LENGTH + TICK_PAD + 9 + 3.5)
@@ -194,7 +195,8 @@ def acceptance_curves_svg(fleet: RecipeFleet, hosts: Sequence[HostEntry]) -> str
     curves_of = {w.workload: [(host, f.per_position_acceptance) for host, figures in usable
                               if (f := figures.get(w.workload)) is not None and f.per_position_acceptance]
                  for w in panels}
-    legend_labels = ["fleet median", "p10..p90"] + [f"hosts ({len(curves)}): min..max" for curves in curves_of.values()] \
+    legend_labels = ["fleet median", "p10..p90"] \
+        + [f"hosts ({len(curves)}): min..max" for curves in curves_of.values()] \
         + [f"claim {line.claim_id}" for w in panels for line in w.claims if line.op == "per_position"]
     columns = min(len(panels), 2)
     rows = (len(panels) + columns - 1) // columns

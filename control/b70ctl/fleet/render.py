@@ -148,7 +148,8 @@ def _environment(report_kind: str) -> Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    environment.filters.update(names=_names if report_kind == "html" else _markdown_names, labels=_labels, group_kind=_group_kind, number=_number,
+    environment.filters.update(names=_names if report_kind == "html" else _markdown_names, labels=_labels,
+                               group_kind=_group_kind, number=_number,
                                percent=_percent, md=_md_cell, short=_short, cell=_cell, code=_code,
                                efficiency=efficiency_text)
     environment.globals["peak_label"] = PEAK_LABEL  # the host reports' name for the same figure
@@ -492,8 +493,9 @@ def previous_generation(report: FleetReport, out_dir: Path) -> datetime | None:
     previous = report.model_copy(update={"generated_at": generated_at})
     if _json_text(previous) != existing_json:
         return None
-    for name, render in ((FLEET_MD, lambda: _markdown_text(previous)),
-                         (FLEET_HTML, lambda: _html_text(previous, out_dir))):
+    renderers: tuple[tuple[str, Callable[[], str]], ...] = ((FLEET_MD, lambda: _markdown_text(previous)),
+                                                           (FLEET_HTML, lambda: _html_text(previous, out_dir)))
+    for name, render in renderers:
         existing = _read(out_dir / name)
         if existing is None or existing != render():
             return None
@@ -532,4 +534,7 @@ def write_fleet_report(report: FleetReport, out_dir: Path) -> FleetFiles:
 def tuned_hosts(report: FleetReport) -> list[HostEntry]:
     """Hosts with a tune report, the largest gain over the recipe's default first (no figure last)."""
     tuned = [entry for entry in report.hosts if entry.tune is not None]
-    return sorted(tuned, key=lambda entry: (entry.tune.gain is None, -(entry.tune.gain or 0.0), entry.host))
+    def order(entry: HostEntry) -> tuple[bool, float, str]:
+        gain = entry.tune.gain if entry.tune is not None else None
+        return gain is None, -(gain or 0.0), entry.host
+    return sorted(tuned, key=order)

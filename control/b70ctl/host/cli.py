@@ -24,7 +24,8 @@ from b70ctl.errors import BadInput
 from b70ctl.host.facts import collect_facts
 from b70ctl.host.memory import KV_CACHE_GIB_MIN, host_fit
 from b70ctl.host.model import load_facts
-from b70ctl.host.topology import FALLBACK_PATH, PROFILE_CHOICES, TOPOLOGY_PATH, apply_fallback, fallback_record, topology
+from b70ctl.host.topology import (FALLBACK_PATH, PROFILE_CHOICES, TOPOLOGY_PATH, apply_fallback, fallback_record,
+                                  topology)
 from b70ctl.recipes import load_recipe
 
 app = typer.Typer(no_args_is_help=True, help="Host hardware: GPU inventory, PCIe P2P topology, memory fit.")
@@ -173,7 +174,9 @@ def fallback_command(
     if as_json:
         _print_json({"record": record, "topology": fallen})
         return
-    Console(highlight=False, markup=False, soft_wrap=True).print(f"profile: p2p -> {fallen['profile']} for {', '.join(record['group'])}\nreason: {fallen['profile_reason']}")
+    Console(highlight=False, markup=False, soft_wrap=True).print(
+        f"profile: p2p -> {fallen['profile']} for {', '.join(record['group'])}\n"
+        f"reason: {fallen['profile_reason']}")
 
 
 @app.command("fit")

@@ -79,7 +79,9 @@ def serve_command_line(rendered: dict[str, Any]) -> str | None:
     argv = rendered.get("argv")
     if not isinstance(argv, list) or not argv:
         return None
-    env = rendered.get("env") if isinstance(rendered.get("env"), dict) else {}
+    env = rendered.get("env")
+    if not isinstance(env, dict):
+        env = {}
     assignments = [f"{name}={shlex.quote(str(value))}" for name, value in sorted(env.items())]
     return " ".join([*assignments, "vllm", "serve", *(shlex.quote(str(arg)) for arg in argv)])
 

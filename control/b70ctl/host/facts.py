@@ -364,7 +364,7 @@ HUC_FIRMWARE_ENTRY = "huc_fw"
 
 def is_cpd_blob(blob: Optional[bytes]) -> bool:
     """The driver's is_cpd_header (after parse_cpd_header's size check): a CPD header marker at offset 0."""
-    return bool(blob) and len(blob) >= GSC_CPD_HEADER_SIZE and \
+    return blob is not None and len(blob) >= GSC_CPD_HEADER_SIZE and \
         struct.unpack_from("<I", blob, 0)[0] == GSC_CPD_HEADER_MARKER
 
 

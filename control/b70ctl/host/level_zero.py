@@ -17,8 +17,9 @@ Signatures, structure layouts and values below are those of oneapi-src/level-zer
 ze_result_t is a 32-bit enum (ZE_RESULT_SUCCESS = 0), ze_bool_t a uint8_t, handles are pointers.
 
 zeDeviceCanAccessPeer said yes on X570 dual-B70 hosts whose TP=2 start then died at zeMemOpenIpcHandle
-INVALID_ARGUMENT (https://github.com/SergiioB/intel-arc-pro-b70-inference-cookbook/issues/8), so a pair it allows is then opened the way oneCCL's IPC path
-does: memory allocated on one device, its IPC handle opened on the other, and back (peer_memory_opened):
+INVALID_ARGUMENT (https://github.com/SergiioB/intel-arc-pro-b70-inference-cookbook/issues/8), so a pair it allows
+is then opened the way oneCCL's IPC path does: memory allocated on one device, its IPC handle opened on the other,
+and back (peer_memory_opened):
   ze_result_t zeContextCreate(ze_driver_handle_t, const ze_context_desc_t*, ze_context_handle_t*)  stype 0xd
   ze_result_t zeMemAllocDevice(ze_context_handle_t, const ze_device_mem_alloc_desc_t*, size_t size,
                                size_t alignment, ze_device_handle_t, void** pptr)                 stype 0x15
@@ -204,7 +205,8 @@ def _gpu_devices(library: Any, drivers_by_device: Dict[Any, Any]) -> List[Tuple[
     return devices
 
 
-def peer_access(pci_pairs: List[Tuple[str, str]], library_path: Optional[str] = None) -> Dict[Tuple[str, str], Dict[str, Any]]:
+def peer_access(pci_pairs: List[Tuple[str, str]], library_path: Optional[str] = None
+                ) -> Dict[Tuple[str, str], Dict[str, Any]]:
     """For each (PCI address A, PCI address B): what the loader says about A accessing B and B accessing A.
     Raises LevelZeroUnavailable (status not_installed / init_failed / failed) when it cannot be asked."""
     path = loader_path(library_path)

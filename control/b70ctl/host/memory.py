@@ -119,7 +119,8 @@ def card_fit(recipe: Recipe, vram_gib_per_gpu: float | None, vram_source: str = 
         reason = (f"does not fit: {budget}: raise tensor_parallel_size, quantize the target, or raise "
                   f"gpu_memory_utilization")
     return CardFit(fits=fits, reason=reason, vram_gib_per_gpu=vram_gib_per_gpu, vram_source=vram_source,
-                   gpu_memory_utilization=utilization, usable_vram_gib=usable, target_weights_gib_per_gpu=target_per_gpu,
+                   gpu_memory_utilization=utilization, usable_vram_gib=usable,
+                   target_weights_gib_per_gpu=target_per_gpu,
                    drafter_weights_gib=drafter, runtime_reserve_gib=RUNTIME_RESERVE_GIB,
                    kv_cache_gib_available=available, kv_cache_gib_required=kv_cache_gib_required)
 

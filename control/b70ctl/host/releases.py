@@ -111,7 +111,8 @@ class ReleaseMatrix(_Model):
         series: dict[str, object] = {}
         for release in self.supported:
             groups: dict[str, list[dict[str, str]]] = {}
-            for group, parts in (("kernel", (release.kernel, release.firmware)), ("gpu_runtime", (release.gpu_runtime,)),
+            for group, parts in (("kernel", (release.kernel, release.firmware)),
+                                 ("gpu_runtime", (release.gpu_runtime,)),
                                  ("container_engine", (release.container_engine,))):
                 groups[group] = [{"name": name, "source": part.source} for part in parts if part is not None
                                  for name in part.names]

@@ -29,7 +29,7 @@ import stat
 import struct
 import sys
 import time
-from typing import Any
+from typing import Any, BinaryIO
 
 COPY_BUFFER_BYTES = 128 * 2**20
 COPY_REPEATS = 5
@@ -41,7 +41,7 @@ HEADER_LIMIT_BYTES = 100 * 2**20
 JSON_LIMIT_BYTES = 16 * 2**20
 
 
-def _open_regular(path: str):
+def _open_regular(path: str) -> BinaryIO:
     """`path` opened for reading, refused (ValueError) when it is not a regular file: a FIFO would block the open
     and /dev/zero never ends, so it is opened non-blocking and checked before a byte is read."""
     stream = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY), "rb")

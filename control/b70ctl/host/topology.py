@@ -35,30 +35,30 @@ import os
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Final, List, Optional, Sequence, Tuple
 
 if __package__:
     from b70ctl.errors import BadInput as _Refusal
     from b70ctl.host import level_zero
     from b70ctl.host.facts import collect_facts
 else:  # run as a script next to facts.py and level_zero.py on a host
-    import level_zero  # type: ignore[no-redef]
-    from facts import collect_facts  # type: ignore[no-redef]
+    import level_zero  # type: ignore[no-redef,import-not-found]
+    from facts import collect_facts  # type: ignore[no-redef,import-not-found]
 
     _Refusal = Exception  # type: ignore[misc,assignment]
 
 
-class TopologyRefused(_Refusal):  # type: ignore[valid-type,misc]
+class TopologyRefused(_Refusal):
     """Nothing was written: one line and exit 2 (b70ctl's BadInput; main() below when run as a script)."""
 
 # 2: each pair names the P2PDMA rule that decided it; the document records the CPU and host bridges it used.
 # Later additions (profile_reason, gpu_pci_ids, a probe's peer_memory_opened) are optional fields of schema 2.
-TOPOLOGY_SCHEMA_VERSION = 2
+TOPOLOGY_SCHEMA_VERSION: Final = 2
 TOPOLOGY_PATH = "/etc/b70/topology.json"
 # The serve gate's record of a p2p start that died opening the peer's memory (roles/vllm_serve): while it names
 # the group's cards, the group gets no-p2p whatever the kernel's rule, a probe or an override says.
 FALLBACK_PATH = "/etc/b70/ccl-fallback.json"
-FALLBACK_SCHEMA_VERSION = 1
+FALLBACK_SCHEMA_VERSION: Final = 1
 PROFILES = ("p2p", "no-p2p")
 PROFILE_CHOICES = ("auto",) + PROFILES
 
@@ -166,7 +166,8 @@ class PairTopology:
     p2p: Optional[bool]
     reason: str
     probe: Optional[Probe] = None
-    rule: str = ""  # the P2PDMA rule that decided: same-switch | amd-zen | whitelisted-host-bridge:V:D | refused: .. | unknown: ..
+    # the P2PDMA rule that decided: same-switch | amd-zen | whitelisted-host-bridge:V:D | refused: .. | unknown: ..
+    rule: str = ""
 
 
 @dataclass
@@ -344,16 +345,18 @@ def decide(gpus: Sequence[Dict[str, Any]], pairs: List[PairTopology], tensor_par
     else:
         # Place the group where P2P is most likely (proven first, then allowed by the kernel's rule); the profile
         # is p2p only when every pair of it is proven.
-        group = _first_group(usable, size, lambda g: all(_proven(pairs_by_index[p]) for p in
-                                                         itertools.combinations(g, 2)))
-        if group is not None:
+        proven = _first_group(usable, size, lambda g: all(_proven(pairs_by_index[p]) for p in
+                                                           itertools.combinations(g, 2)))
+        allowed = _first_group(usable, size, lambda g: _group_p2p(g, pairs_by_index))
+        if proven is not None:
+            group = proven
             auto = "p2p"
             reasons.append("GPUs %s: every pair can do P2P (%s)" % (
                 ",".join(map(str, group)),
                 "; ".join(_pair_evidence(pairs_by_index[p]) for p in itertools.combinations(group, 2))))
             why = "peer memory opened between every pair of GPUs %s" % ",".join(map(str, group))
-        elif _first_group(usable, size, lambda g: _group_p2p(g, pairs_by_index)) is not None:
-            group = _first_group(usable, size, lambda g: _group_p2p(g, pairs_by_index))
+        elif allowed is not None:
+            group = allowed
             auto = "no-p2p"
             reasons.append("GPUs %s: every pair may do P2P (%s), but it is not proven" % (
                 ",".join(map(str, group)),
@@ -362,7 +365,8 @@ def decide(gpus: Sequence[Dict[str, Any]], pairs: List[PairTopology], tensor_par
         else:
             auto = "no-p2p"
             group = usable[:size]
-            blocking = [pairs_by_index[p] for p in itertools.combinations(group, 2) if pairs_by_index[p].p2p is not True]
+            blocking = [pairs_by_index[p] for p in itertools.combinations(group, 2)
+                        if pairs_by_index[p].p2p is not True]
             reasons.append("no group of %d GPUs with P2P between every pair; GPUs %s: %s" % (
                 size, ",".join(map(str, group)), "; ".join(
                     "%d-%d %s" % (pair.a, pair.b, _pair_evidence(pair)) for pair in blocking)))

@@ -76,11 +76,13 @@ def _vendor_patch(series_path: Path, recipe: str | None, vendor_file: Path | Non
 
 @patches_app.command("check")
 def patches_check(
-    series: Annotated[Path | None, typer.Option(help=f"Series file (default: {DEFAULT_SERIES} in the checkout)")] = None,
+    series: Annotated[Path | None, typer.Option(
+        help=f"Series file (default: {DEFAULT_SERIES} in the checkout)")] = None,
     recipe: Annotated[str | None, typer.Option(
         help=f"Recipe whose lock pins the vendor patch (default {DEFAULT_RECIPE} when --series is not given)")] = None,
     vendor_patch: Annotated[Path | None, typer.Option(
-        "--vendor-patch", help="The vendor patch file (default: from the cache, downloaded at the locked commit)")] = None,
+        "--vendor-patch",
+        help="The vendor patch file (default: from the cache, downloaded at the locked commit)")] = None,
     pristine_only: Annotated[bool, typer.Option(
         "--pristine-only", help="Check against pristine vLLM alone, not the base image's tree")] = False,
     vllm_source: Annotated[Path | None, typer.Option(
@@ -126,7 +128,8 @@ def _docker_client() -> Any:
         client = docker.from_env()
         client.ping()
     except DockerException as error:
-        raise BadInput(f"no docker engine reachable ({error.__class__.__name__}): start dockerd or set DOCKER_HOST")
+        raise BadInput(f"no docker engine reachable ({error.__class__.__name__}): start dockerd or set DOCKER_HOST") \
+            from None
     return client
 
 

@@ -83,10 +83,10 @@ def check_model(pin: ModelPin, directory: Path) -> list[Drift]:
             drift.append(Drift(component=component, path=relative, kind="size", expected=str(file_pin.size_bytes),
                                actual=str(size)))
             continue
-        actual = sha256_file(path)
-        if actual != file_pin.sha256:
+        digest = sha256_file(path)
+        if digest != file_pin.sha256:
             drift.append(Drift(component=component, path=relative, kind="hash", expected=file_pin.sha256,
-                               actual=actual))
+                               actual=digest))
     for relative in model_files(directory):
         if relative not in pinned:
             drift.append(Drift(component=component, path=relative, kind="extra"))

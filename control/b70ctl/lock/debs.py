@@ -78,8 +78,12 @@ class SeriesIndex:
             self.providers.setdefault(virtual, []).append(candidate)
 
 
+def _newer_first(a: Candidate, b: Candidate) -> int:
+    return version_compare(b.version, a.version)
+
+
 def _newest_first(candidates: Iterable[Candidate]) -> list[Candidate]:
-    return sorted(candidates, key=cmp_to_key(lambda a, b: version_compare(b.version, a.version)))
+    return sorted(candidates, key=cmp_to_key(_newer_first))
 
 
 def satisfies(version: str, op: str | None, wanted: str | None) -> bool:

@@ -197,7 +197,8 @@ class Lock(Strict):
 def build_lock(recipe: str, vllm_version: str, image: ImagePin, patch_series: PatchSeriesPin, target: ModelPin,
                drafter: ModelPin | None) -> Lock:
     """A Lock whose `resolved` flag is computed from its parts (the only way code should make one)."""
-    parts = [image, patch_series, target] + ([drafter] if drafter is not None else [])
+    parts: list[ImagePin | PatchSeriesPin | ModelPin] = [image, patch_series, target]
+    parts += [drafter] if drafter is not None else []
     return Lock(recipe=recipe, vllm_version=vllm_version, image=image, patch_series=patch_series, target=target,
                 drafter=drafter, resolved=all(part.resolved for part in parts))
 

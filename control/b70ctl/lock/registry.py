@@ -86,7 +86,8 @@ def _bearer_token(client: httpx.Client, challenge: str, repository: str) -> str 
     if response.status_code != 200:
         return None
     body = response.json()
-    return body.get("token") or body.get("access_token")
+    token = body.get("token") or body.get("access_token")
+    return token if isinstance(token, str) else None
 
 
 def _manifest_request(reference: ImageReference, ref: str, registry_url: str | None,

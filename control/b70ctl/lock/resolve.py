@@ -2,8 +2,8 @@
 
 This is the only place that follows a branch or a tag. Every part is resolved on its own; a part that cannot be
 resolved (hub or registry unreachable, file missing) is written as unresolved with the reason; with --offline
-the network is not asked and parts whose recipe input is unchanged keep their previous pin. A lock that was fully resolved is never
-replaced by a worse one: the write is skipped and the command fails naming what could not be resolved.
+the network is not asked and parts whose recipe input is unchanged keep their previous pin. A lock that was fully
+resolved is never replaced by a worse one: the write is skipped and the command fails naming what could not be resolved.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def hub_errors() -> tuple[type[BaseException], ...]:
 
     errors: tuple[type[BaseException], ...] = (HfHubHTTPError, LocalEntryNotFoundError, httpx.HTTPError, OSError)
     try:
-        import httpx2  # type: ignore[import-not-found]
+        import httpx2
 
         errors += (httpx2.HTTPError,)
     except ImportError:

@@ -55,7 +55,8 @@ def _show_fetch(result: FetchResult, as_json: bool) -> None:
     for failure in result.quarantined:
         out.print(f"  FAILED {failure.role}/{failure.path}: {failure.reason}"
                   + (f" (quarantined at {failure.quarantined_at})" if failure.quarantined_at else ""))
-    out.print(f"{result.recipe} from {result.source} into {result.dest}: {'changed' if result.changed else 'unchanged'}")
+    out.print(f"{result.recipe} from {result.source} into {result.dest}: "
+              f"{'changed' if result.changed else 'unchanged'}")
 
 
 @app.command("fetch")

@@ -189,7 +189,7 @@ def validate_drafter(config: dict[str, Any], target: dict[str, Any]) -> None:
     target_layers = text.get("num_hidden_layers")
     target_hidden = text.get("hidden_size")
     if not all(isinstance(value, int) and not isinstance(value, bool)
-               for value in (target_vocab, target_layers, target_hidden)):
+               for value in (target_vocab, target_layers, target_hidden)) or not isinstance(target_layers, int):
         raise BadInput(f"target config.json{where}: vocab_size, num_hidden_layers and hidden_size are needed to "
                        "check the drafter against it")
     if config["vocab_size"] != target_vocab:

@@ -279,7 +279,7 @@ def fetch_model(pin: ModelPin, dest: Path, source: Source, source_dir: Path | No
         os.replace(partial, final)
         recorded[file_pin.path] = _stamp(final, file_pin)
         _save_state(dest, pin.role, state)
-        outcomes.append(FileOutcome(path=file_pin.path, action=action, size_bytes=file_pin.size_bytes))  # type: ignore[arg-type]
+        outcomes.append(FileOutcome(path=file_pin.path, action=action, size_bytes=file_pin.size_bytes))
     return ModelOutcome(role=pin.role, path=str(model_dir), revision=pin.revision,
                         changed=any(o.action != "kept" for o in outcomes), files=outcomes)
 

@@ -119,7 +119,7 @@ def _config(spec: TinySpec, tokenizer: Any) -> Any:
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        torch_dtype="float32",
+        dtype="float32",  # transformers 5 names it dtype (torch_dtype is deprecated): config.json says "dtype"
     )
 
 
@@ -183,7 +183,7 @@ def is_generated(path: Path, spec: TinySpec, role: str) -> bool:
         recorded = json.loads(marker.read_text())
     except json.JSONDecodeError:
         return False
-    return (
+    return bool(
         recorded.get("generator_version") == GENERATOR_VERSION
         and recorded.get("spec") == spec.model_dump()
         and recorded.get("role") == role

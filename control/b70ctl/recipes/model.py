@@ -46,7 +46,7 @@ class DuplicateKey(Exception):
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node, deep=deep)
         line = key_node.start_mark.line + 1
         try:
             first = seen.setdefault(key, line)
@@ -55,7 +55,7 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
         if first != line:
             raise DuplicateKey(f"key {key!r} on line {line} is given already on line {first}: keep one (YAML "
                                "would silently keep the last)")
-    return loader.construct_mapping(node, deep=deep)  # type: ignore[no-untyped-call]
+    return loader.construct_mapping(node, deep=deep)
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
@@ -421,13 +421,14 @@ class TuneSpace(Strict):
         k = self.num_speculative_tokens
         ngram_k = _k_values(self.ngram.num_speculative_tokens) if self.ngram is not None else []
         if k is not None or ngram_k:
-            own_k = _k_values(k) if k is not None else []
+            own_k: list[int | str] = list(_k_values(k)) if k is not None else []
             knobs["num_speculative_tokens"] = own_k + [value for value in ngram_k if value not in own_k]
         if self.draft_sample_method:
             knobs["draft_sample_method"] = list(self.draft_sample_method)
         if self.max_num_batched_tokens:
             knobs["max_num_batched_tokens"] = list(self.max_num_batched_tokens)
-        for variable, values in sorted(self.oneccl_thresholds.get(profile or "", {}).items()):
+        by_profile = {str(name): values for name, values in self.oneccl_thresholds.items()}
+        for variable, values in sorted(by_profile.get(profile or "", {}).items()):
             knobs[variable] = list(values)
         if self.ngram is not None:
             knobs["prompt_lookup_min"] = list(self.ngram.prompt_lookup_min)
@@ -440,7 +441,7 @@ class TuneSpace(Strict):
         sample). A knob a combination leaves out keeps the recipe's value."""
         own = {name: values for name, values in self.knobs(profile).items() if name not in NGRAM_KNOBS}
         if self.num_speculative_tokens is not None:
-            own["num_speculative_tokens"] = _k_values(self.num_speculative_tokens)
+            own["num_speculative_tokens"] = list[int | str](_k_values(self.num_speculative_tokens))
         else:
             own.pop("num_speculative_tokens", None)
         combinations: list[dict[str, int | str | None]] = [{}]
@@ -560,7 +561,7 @@ class Recipe(Strict):
                 raise ValueError("tune.oneccl_thresholds: oneCCL runs on XPU hosts only")
             if self.serve.tensor_parallel_size < 2:
                 raise ValueError("tune.oneccl_thresholds: at tensor parallel size 1 there are no collectives")
-        profiles = list(tune.oneccl_thresholds) or [None]
+        profiles: list[str | None] = [*tune.oneccl_thresholds] or [None]
         grids = [tune.grid(profile) for profile in profiles]
         largest = max(len(grid) for grid in grids)
         if largest > MAX_TUNE_CANDIDATES:

@@ -44,7 +44,8 @@ def _workload_verdict(report: Report, workload: str) -> str:
 
 def summary_table(report: Report) -> list[str]:
     """One row per workload: what llama-benchy prints (t/s, peak, TTFT), plus per-token ITL and acceptance."""
-    lines = [f"| workload | t/s | {PEAK_LABEL} | TTFT ms | ITL ms | acceptance | mean acceptance length | n | verdict |",
+    lines = [f"| workload | t/s | {PEAK_LABEL} | TTFT ms | ITL ms | acceptance "
+             "| mean acceptance length | n | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for workload in report.throughput.workloads if report.throughput else []:
         spec = workload.spec_decode if workload.spec_decode and not workload.spec_decode.polluted else None

@@ -7,11 +7,11 @@ be audited. The fleet report reads these; older schema versions are upgraded by 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_SCHEMA_VERSION = 4
+REPORT_SCHEMA_VERSION: Final = 4
 
 Verdict = Literal["met", "not_met", "not_measured"]
 

@@ -106,12 +106,13 @@ def decode_per_request_svg(report: Report, recipe: Recipe) -> str | None:
             canvas.polyline([(axes.x(column - 0.25), axes.y(median)), (axes.x(column + 0.25), axes.y(median))],
                             color="#000000", width=2,
                             title=f"{workload.name}: median {median:.1f} tok/s of {workload.decode_tok_s.n} requests")
-        measured = [(index, r) for index, r in enumerate(workload.requests, start=1) if r.decode_tok_s is not None]
+        measured = [(index, r, r.decode_tok_s) for index, r in enumerate(workload.requests, start=1)
+                    if r.decode_tok_s is not None]
         spread = 0.3 / max(len(measured) - 1, 1)
         for clock, color in (("engine", ENGINE_COLOR), ("client", CLIENT_COLOR)):
-            canvas.titled_dots([(axes.x(column - 0.15 + spread * rank), axes.y(r.decode_tok_s),
-                                 f"{workload.name} request {index}: {r.decode_tok_s:.1f} tok/s ({_clock(r)})")
-                                for rank, (index, r) in enumerate(measured) if r.timing_source == clock],
+            canvas.titled_dots([(axes.x(column - 0.15 + spread * rank), axes.y(rate),
+                                 f"{workload.name} request {index}: {rate:.1f} tok/s ({_clock(r)})")
+                                for rank, (index, r, rate) in enumerate(measured) if r.timing_source == clock],
                                color=color, diameter=5)
     label_width = axes.ticks(xticks=list(range(len(workloads))), yticks=yticks,
                              xlabels=[w.name for w in workloads])

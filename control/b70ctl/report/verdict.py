@@ -67,15 +67,19 @@ def judge(claim: Claim, measurements: Measurements, unmeasurable: dict[str, str]
     if isinstance(measured, list):
         return ClaimVerdict(verdict="not_measured", reason="expected one figure, got a list", **base)
     value = float(measured)
+    # Claim's validator requires value for >= and <=, and low and high for between.
     if claim.op == ">=":
-        bound = claim.value - tol.slack(claim.value)  # type: ignore[operator]
+        assert claim.value is not None
+        bound = claim.value - tol.slack(claim.value)
         ok, reason = value >= bound, f"{value:.4g} < {bound:.4g}"
     elif claim.op == "<=":
-        bound = claim.value + tol.slack(claim.value)  # type: ignore[operator]
+        assert claim.value is not None
+        bound = claim.value + tol.slack(claim.value)
         ok, reason = value <= bound, f"{value:.4g} > {bound:.4g}"
     else:
-        low = claim.low - tol.slack(claim.low)  # type: ignore[operator]
-        high = claim.high + tol.slack(claim.high)  # type: ignore[operator]
+        assert claim.low is not None and claim.high is not None
+        low = claim.low - tol.slack(claim.low)
+        high = claim.high + tol.slack(claim.high)
         ok, reason = low <= value <= high, f"{value:.4g} outside {low:.4g} .. {high:.4g}"
     return ClaimVerdict(verdict="met" if ok else "not_met", reason=None if ok else reason, **base)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -16,6 +16,9 @@ from rich.table import Table
 
 from b70ctl.errors import BadInput
 from b70ctl.tune.model import TuneReport
+
+if TYPE_CHECKING:
+    from b70ctl.tune.unit import ApplianceHost
 
 
 def tune_command(
@@ -101,7 +104,7 @@ def tune_command(
     raise typer.Exit(1 if report.outcome == "no_candidate" else 0)
 
 
-def _appliance_host(path: Path):
+def _appliance_host(path: Path) -> ApplianceHost:
     """The --host document: a file, or - for stdin (the playbook's way: the API key stays out of argv)."""
     from pydantic import ValidationError
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from datetime import date as date_type
 from datetime import datetime
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Value = int | str | None
 
-TUNE_SCHEMA_VERSION = 1
+TUNE_SCHEMA_VERSION: Final = 1
 
 
 class _Model(BaseModel):

@@ -10,7 +10,7 @@ import yaml
 
 from b70ctl.files import write_text_atomically
 from b70ctl.svg import PT_PER_INCH, Axes, Canvas, LegendEntry, data_limits, legend_width, nice_ticks
-from b70ctl.tune.model import SHORT_NAMES, Figures, TuneReport, knob_applies
+from b70ctl.tune.model import SHORT_NAMES, CandidateResult, Figures, TuneReport, knob_applies
 
 CANDIDATE_COLOR = "#1f77b4"
 DEFAULT_COLOR = "#d62728"
@@ -103,14 +103,14 @@ def scores_svg(report: TuneReport) -> str | None:
                     (-0.5, len(values) - 0.5), ylim)
         first = first or axes
         axes.grid(xticks=[], yticks=yticks)
-        columns: dict[int, list] = defaultdict(list)
+        columns: dict[int, list[CandidateResult]] = defaultdict(list)
         for candidate in shown:
             columns[values.index(candidate.overrides.get(knob))].append(candidate)
         for column, members in columns.items():
             spread = 0.4 / max(len(members) - 1, 1)
             for rank, candidate in enumerate(members):
                 x = axes.x(column - (0.2 if len(members) > 1 else 0) + spread * rank)
-                y = axes.y(candidate.halving.score_tok_s)  # type: ignore[arg-type]
+                y = axes.y(candidate.halving.score_tok_s or 0.0)  # scored: never None
                 canvas.titled_dots([(x, y, f"{candidate.label}: score {candidate.halving.score_tok_s:.1f} tok/s "
                                             f"over {candidate.halving.n} requests")], color=CANDIDATE_COLOR,
                                    diameter=5)

@@ -22,9 +22,11 @@ from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import CorrectnessResult
 from b70ctl.tune.model import (
     Candidate,
+    Value,
     CandidateResult,
     FinalComparison,
     Measurement,
+    Round,
     TuneReport,
     knob_applies,
 )
@@ -45,7 +47,7 @@ Progress = Callable[[str], None]
 REFERENCE_FILE = "reference.json"
 
 
-def default_overrides(recipe: Recipe, knobs: dict[str, list], profile: str | None = None
+def default_overrides(recipe: Recipe, knobs: dict[str, list[int | str]], profile: str | None = None
                       ) -> dict[str, int | str | None]:
     """The recipe's own value of every tuned knob (None: vLLM's default, the recipe sets nothing)."""
     spec = recipe.serve.speculative
@@ -160,9 +162,10 @@ class CandidateMeasurer:
                 throughput = run_throughput(client, round_recipe(tuned, requests_per_workload), raw_dir,
                                             progress=lambda message: self.progress(f"{stage}: {candidate.label}: "
                                                                                    f"{message}"))
-        except CandidateFailed as failed:
+        except CandidateFailed as not_started:
             return Measurement(candidate=candidate.key, stage=stage, correctness=correctness,
-                               disqualified=f"the server did not start: {failed.reason}", measured_at=datetime.now(UTC))
+                               disqualified=f"the server did not start: {not_started.reason}",
+                               measured_at=datetime.now(UTC))
         except EndpointError as error:
             return Measurement(candidate=candidate.key, stage=stage, correctness=correctness,
                                disqualified=f"the server failed: {error.reason}", measured_at=datetime.now(UTC))
@@ -235,8 +238,8 @@ def run_tune(recipe: Recipe, servers: CandidateServers, out_dir: Path, progress:
 
 
 def build_report(recipe: Recipe, profile: str | None, candidates: list[Candidate], default: Candidate,
-                 plan: list[PlannedRound], rounds, final: FinalComparison | None, state: TuneState, budget: int,
-                 started_at: datetime) -> TuneReport:
+                 plan: list[PlannedRound], rounds: list[Round], final: FinalComparison | None, state: TuneState,
+                 budget: int, started_at: datetime) -> TuneReport:
     assert recipe.tune is not None
     results = []
     for candidate in candidates:
@@ -248,6 +251,7 @@ def build_report(recipe: Recipe, profile: str | None, candidates: list[Candidate
             correctness=next((m.correctness for m in state.of(candidate.key) if m.correctness), None),
             disqualified=disqualification(state, candidate)))
     by_key = {c.key: c for c in candidates}
+    tuned: dict[str, Value]
     if final is None:
         outcome, tuned, summary = "no_candidate", {}, "no candidate passed greedy correctness and its workloads"
     else:

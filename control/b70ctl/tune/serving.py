@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -66,7 +66,8 @@ class LocalServing:
         self.progress = progress or (lambda _message: None)
         self.started = 0
 
-    def _serve(self, name: str, recipe: Recipe, speculative: bool, extra_env: dict[str, str]) -> Iterator[Endpoint]:
+    def _serve(self, name: str, recipe: Recipe, speculative: bool,
+               extra_env: dict[str, str]) -> Generator[Endpoint, None, None]:
         from b70ctl.serve.local import LocalServer, free_port
         from b70ctl.serve.render import model_paths, render_serve
 

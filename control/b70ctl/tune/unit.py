@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import PurePosixPath
 from types import TracebackType
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -254,7 +254,7 @@ class SystemdUnitServing:
 
     # -- the host -------------------------------------------------------------------------------------------
 
-    def _read_json(self, path: str, what: str) -> dict:
+    def _read_json(self, path: str, what: str) -> dict[str, Any]:
         try:
             text = self.shell.run(["cat", path])
             document = json.loads(text)

@@ -51,7 +51,7 @@ class ActionModule(ActionBase):
             source = os.path.join(args["src"], entry["path"])
             directory = args["path"]
         except (KeyError, TypeError, ValueError) as error:
-            raise AnsibleActionFail(f"src, path and file (path, size_bytes, sha256) are required: {error}")
+            raise AnsibleActionFail(f"src, path and file (path, size_bytes, sha256) are required: {error}") from error
         chunk_bytes = int(args.get("chunk_bytes", CHUNK_BYTES))
         batch_bytes = int(args.get("batch_bytes", BATCH_BYTES))
         if self._task.check_mode:
@@ -87,7 +87,7 @@ class ActionModule(ActionBase):
             # Placed: renamed into place by the host after its sha256 matched; the record step need not read it.
             result.update(placed=True, directory=directory, path=entry["path"])
         except (OSError, ValueError) as error:
-            raise AnsibleActionFail(f"{directory}/{entry['path']}: {error}")
+            raise AnsibleActionFail(f"{directory}/{entry['path']}: {error}") from error
         finally:
             if os.path.exists(local_chunk):
                 os.unlink(local_chunk)

@@ -13,7 +13,6 @@ p2p oneCCL set (CCL_TOPO_P2P_ACCESS=1) it prints that file (a log a B70 owner po
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
