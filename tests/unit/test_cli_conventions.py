@@ -66,8 +66,11 @@ def test_version_and_short_help():
 
 def test_shell_completion_is_offered_and_completes_commands_and_choices():
     assert "--install-completion" in b70ctl("-h").stdout
+    # The shell is named, not detected: typer otherwise looks for a shell among the process's ancestors, and a
+    # run detached from its shell (nohup, a service) has none ("Shell  not supported").
     script = subprocess.run([str(Path(sys.executable).with_name("b70ctl")), "--show-completion", "bash"],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
     assert script.returncode == 0 and "_B70CTL_COMPLETE=complete_bash" in script.stdout
     assert completions("ver") == ["verify"]
     assert completions("verify", "--check", "") == ["smoke", "correctness", "throughput"]
