@@ -247,6 +247,9 @@ def verify(
              "request also ends after --timeout plus max_tokens at 1 tok/s")] = 14400.0,
     max_answer_mb: Annotated[float, typer.Option(
         help="Most MiB read from one answer; a larger one fails its request, saying so")] = 64.0,
+    max_requests: Annotated[int | None, typer.Option(
+        help="Measure each workload at most N times (a quick check; the report says so). Default: the recipe's "
+             "min_requests..max_requests")] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print report.json to stdout (with --record-reference: what was recorded)")] = False,
 ) -> None:
@@ -267,6 +270,8 @@ def verify(
         fail(f"--max-answer-mb {max_answer_mb:g}: give at most {2**20} MiB (1 TiB)")
     if not math.isfinite(deadline) or deadline <= 0:
         fail(f"--deadline {deadline:g}: give the seconds the whole run may take, a number above 0")
+    if max_requests is not None and max_requests < 1:
+        fail(f"--max-requests {max_requests}: give how many requests each workload may take, 1 or more")
     loaded = load_recipe(recipe)
     key = read_api_key(api_key_file)
     limits = {"timeout_s": timeout, "max_answer_bytes": int(max_answer_mb * 2**20)}
@@ -291,7 +296,7 @@ def verify(
         recipe=loaded, endpoint=target, out_dir=out,
         baseline_endpoint=baseline,
         reference_path=reference, host_facts_path=host_facts, host=host, checks=checks, model_dir=model_dir,
-        roofline_inputs_path=roofline_inputs, deadline_s=deadline)
+        roofline_inputs_path=roofline_inputs, deadline_s=deadline, max_requests=max_requests)
     from b70ctl.checks.client import RunDeadlineExceeded
     from b70ctl.verify import Terminated
 

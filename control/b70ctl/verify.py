@@ -76,6 +76,8 @@ class VerifyRequest:
     # Seconds the whole run may take once the servers answered (--deadline); None: no limit. Past it the run
     # ends with the report marked partial, naming the step it was in.
     deadline_s: float | None = None
+    # At most this many requests per workload (--max-requests); None: the recipe's own min/max.
+    max_requests: int | None = None
 
 
 def load_host_facts(path: Path) -> Environment:
@@ -318,6 +320,8 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
         if progress is not None:
             progress(message)
 
+    if request.max_requests is not None:  # every step below measures the capped workloads
+        request = replace(request, recipe=request.recipe.with_request_cap(request.max_requests))
     recipe = request.recipe
     reference, environment = _preflight(request)
 
@@ -395,6 +399,7 @@ def _run_checks(request: VerifyRequest, report: Report, writer: ReportWriter, cl
                 writer.save()
             if "throughput" in request.checks:
                 report.throughput = run_throughput(client, recipe, raw_dir, progress=say, baseline=baseline_client)
+                report.throughput.max_requests = request.max_requests
                 writer.save()
         except (KeyboardInterrupt, Terminated) as stop:
             _finish(report, recipe, complete=False)

@@ -146,6 +146,10 @@ def test_reports_collected_on_the_controller_with_host_facts(provisioned) -> Non
             assert claim["verdict"] == ("met" if claim["measured"] >= bound else "not_met"), claim
         # Timed on the engine's clock: every request of every workload, on either server.
         assert all(workload["timing_source"] == "engine" for workload in report["throughput"]["workloads"])
+        # The inventory's quick check (replication_check_max_requests: 3) reached verify, and the report says so.
+        assert report["throughput"]["max_requests"] == 3
+        assert all(1 <= len(workload["requests"]) <= 3 for workload in report["throughput"]["workloads"])
+        assert "At most 3 request(s) per workload" in (reports / name / "report.md").read_text()
     fleet = json.loads((reports / "fleet" / "fleet.json").read_text())
     assert sorted(host["host"] for host in fleet["hosts"]) == sorted(names)
     html = (reports / "fleet" / "fleet.html").read_text()

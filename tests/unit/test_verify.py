@@ -75,6 +75,30 @@ def test_all_claims_met_passes(servers, tmp_path):
     assert report.passed is True
 
 
+def test_max_requests_caps_every_workload_and_the_report_says_so(servers, tmp_path):
+    served, baseline = servers
+    report = verify(request_for(scripted_recipe(SHORT_RATE), served, baseline, tmp_path, max_requests=1))
+    assert [len(w.requests) for w in report.throughput.workloads] == [1, 1]  # the recipe asks 3 and 2
+    assert report.throughput.max_requests == 1
+    assert json.loads((tmp_path / "report.json").read_text())["throughput"]["max_requests"] == 1
+    assert "At most 1 request(s) per workload (`--max-requests`)" in (tmp_path / "report.md").read_text()
+    # Without the cap, the recipe's own counts and no such line.
+    full = verify(request_for(scripted_recipe(SHORT_RATE), served, baseline, tmp_path / "full"))
+    assert [len(w.requests) for w in full.throughput.workloads] == [3, 2] and full.throughput.max_requests is None
+    assert "--max-requests" not in (tmp_path / "full" / "report.md").read_text()
+
+
+def test_max_requests_below_one_is_one_line_exit_2(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", "from b70ctl.cli import main; main()", "verify", "--endpoint", "http://127.0.0.1:9",
+         "--recipe", "cpu-tiny", "--out", str(tmp_path / "r"), "--max-requests", "0"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("error: --max-requests 0: give how many requests each workload may take, "
+                                     "1 or more"), result.stderr
+    assert not (tmp_path / "r").exists()
+
+
 def test_interrupted_run_leaves_a_partial_report(servers, tmp_path):
     served, baseline = servers
 

@@ -531,6 +531,15 @@ class Recipe(Strict):
                 f"{batched - k * seqs}: vLLM {spec.method} keeps k slots per sequence and refuses a step with no "
                 f"token left (vllm #50708); raise max_num_batched_tokens above {k * seqs} or lower max_num_seqs or k")
 
+    def with_request_cap(self, max_requests: int) -> Recipe:
+        """This recipe with every workload measured at most `max_requests` times (and at least as often as that
+        allows): a quick check. Below a workload's min_requests its median's interval widens past the recipe's
+        target, which the report states; the verdicts still judge what was measured."""
+        workloads = [workload.model_copy(update={"min_requests": min(workload.min_requests, max_requests),
+                                                 "max_requests": min(workload.max_requests, max_requests)})
+                     for workload in self.workloads]
+        return self.model_copy(update={"workloads": workloads})
+
     @model_validator(mode="after")
     def _tune_space(self) -> Recipe:
         """A tune may only try what this recipe's vLLM has, and every candidate must be a recipe this validator

@@ -316,6 +316,10 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
     if report.throughput is None:
         lines += ["Not measured.", ""]
     else:
+        if report.throughput.max_requests is not None:
+            lines += [f"At most {report.throughput.max_requests} request(s) per workload (`--max-requests`): a quick "
+                      "check. Where that is below a workload's `min_requests`, its median's interval is wider than "
+                      "the recipe asks for a replication.", ""]
         for workload in report.throughput.workloads:
             lines += _workload(workload)
 

@@ -211,6 +211,9 @@ PEAK_LABEL = "peak tok/s, best request"
 class ThroughputResult(Model):
     passed: bool
     workloads: list[WorkloadResult]
+    max_requests: int | None = Field(
+        None, description="At most this many requests per workload (verify --max-requests): a quick check, not the "
+                          "recipe's sample size")
 
 
 class ClaimVerdict(Model):
