@@ -37,8 +37,8 @@ WORKLOADS = 4
 # -- the score ---------------------------------------------------------------------------------------------------
 def test_score_is_median_minus_scaled_mad():
     assert robust_score([100.0]) == 100.0
-    # median 120, deviations 60 30 0 30 60 -> MAD 30
-    assert robust_score([60.0, 90.0, 120.0, 150.0, 180.0]) == pytest.approx(120 - 1.4826 * 30)
+    # median 120, deviations 60 30 0 30 60 -> MAD 30, sigma = MAD / 0.6745 (x 1.4826), as the fleet's z-scores scale
+    assert robust_score([60.0, 90.0, 120.0, 150.0, 180.0]) == pytest.approx(120 - 30 / 0.6745)
     assert robust_score([]) is None
 
 

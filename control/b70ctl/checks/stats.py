@@ -132,8 +132,13 @@ def median(values: Sequence[float]) -> float:
     return (ordered[middle - 1] + ordered[middle]) / 2
 
 
+# MAD / 0.6745 (x 1.4826) estimates a normal distribution's sigma, 0.6745 being the normal's third quartile in
+# sigmas: the tune's robust score and the fleet's modified z-scores (Iglewicz & Hoaglin) both scale by it.
+SIGMA_PER_MAD = 1 / 0.6745
+
+
 def mad(values: Sequence[float]) -> float:
-    """Median absolute deviation from the median, unscaled (multiply by 1.4826 for a normal sigma)."""
+    """Median absolute deviation from the median, unscaled (multiply by SIGMA_PER_MAD for a normal sigma)."""
     center = median(values)
     return median([abs(value - center) for value in values])
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from b70ctl.checks.stats import median
 from b70ctl.errors import BadInput
 from b70ctl.fleet import stats
 from b70ctl.fleet.layout import (
@@ -429,7 +430,7 @@ def _per_position_median(curves: list[list[float]]) -> list[float]:
     if not curves:
         return []
     length = max(len(curve) for curve in curves)
-    return [stats.median([c[p] for c in curves if len(c) > p]) for p in range(length)]
+    return [median([c[p] for c in curves if len(c) > p]) for p in range(length)]
 
 
 def _workload_distributions(names: list[str], recipe: Recipe | None, columns: _Columns
@@ -486,7 +487,7 @@ def _group_figures(members: list[int], workloads: list[str], columns: _Columns,
     for name in workloads:
         decode = columns.decode[name]
         values = [value for value in (decode[row] for row in members) if value is not None]
-        group_median = stats.median(values) if values else None
+        group_median = median(values) if values else None
         base = reference.get(name)
         relative = group_median / base - 1 if group_median is not None and base else None
         figures.append(GroupFigure(workload=name, hosts_measured=len(values), median_decode_tok_s=group_median,
@@ -545,7 +546,7 @@ def _outliers(workloads: list[str], columns: _Columns) -> list[Outlier]:
         scores = stats.robust_z_scores(values)
         if scores is None:
             continue
-        center = stats.median(values)
+        center = median(values)
         for (entry, value), score in zip(measured, scores, strict=True):
             if abs(score) > stats.OUTLIER_THRESHOLD:
                 entry.outlier_workloads.append(name)

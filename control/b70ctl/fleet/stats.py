@@ -7,11 +7,11 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import TypeVar
 
+from b70ctl.checks.stats import SIGMA_PER_MAD, median
 from b70ctl.fleet.model import Distribution
 
-# Iglewicz & Hoaglin: |modified z| > 3.5 marks an outlier; 0.6745 makes MAD comparable to a normal's sigma.
+# Iglewicz & Hoaglin: |modified z| > 3.5 marks an outlier, z = (x - median) / (MAD x SIGMA_PER_MAD).
 OUTLIER_THRESHOLD = 3.5
-MAD_TO_SIGMA = 0.6745
 # When more than half the values are equal, MAD is 0; the mean absolute deviation (scaled to sigma) stands in.
 MEAN_AD_TO_SIGMA = 0.7979
 # The spread never counts as less than 1% of the median: with few hosts, or hosts that agree to 0.1%, MAD alone
@@ -19,14 +19,6 @@ MEAN_AD_TO_SIGMA = 0.7979
 MIN_SPREAD_FRACTION = 0.01
 
 T = TypeVar("T", bound=Hashable)
-
-
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def quantile(ordered: Sequence[float], fraction: float) -> float:
@@ -54,7 +46,7 @@ def distribution(values: Sequence[float]) -> Distribution | None:
 
 
 def robust_z_scores(values: Sequence[float]) -> list[float] | None:
-    """Modified z-score of each value: (x - median) / sigma, sigma = MAD / MAD_TO_SIGMA (or the scaled mean absolute
+    """Modified z-score of each value: (x - median) / sigma, sigma = MAD x SIGMA_PER_MAD (or the scaled mean absolute
     deviation when MAD is 0), never below MIN_SPREAD_FRACTION x |median|. None when there are fewer than 3
     values, or all are 0: nothing can stand out then."""
     if len(values) < 3:
@@ -62,7 +54,7 @@ def robust_z_scores(values: Sequence[float]) -> list[float] | None:
     center = median(values)
     deviations = [abs(v - center) for v in values]
     mad = median(deviations)
-    sigma = mad / MAD_TO_SIGMA if mad > 0 else sum(deviations) / len(deviations) / MEAN_AD_TO_SIGMA
+    sigma = mad * SIGMA_PER_MAD if mad > 0 else sum(deviations) / len(deviations) / MEAN_AD_TO_SIGMA
     sigma = max(sigma, MIN_SPREAD_FRACTION * abs(center))
     if sigma == 0:
         return None

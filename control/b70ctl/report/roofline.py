@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 
+from b70ctl.checks.stats import median
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import Report, Roofline, RooflineInput, TargetShape, WorkloadResult, WorkloadRoofline
 
@@ -180,4 +181,4 @@ def compute_roofline(report: Report, recipe: Recipe) -> Roofline:
     return Roofline(memory="host" if recipe.host.accelerator == "cpu" else "card", memory_domains=domains,
                     bandwidth_bytes_per_s=bandwidth, weight_bytes=weights,
                     kv_bytes_per_token=kv, workloads=workloads,
-                    efficiency=statistics.median(efficiencies) if efficiencies else None, not_measured=not_measured)
+                    efficiency=median(efficiencies) if efficiencies else None, not_measured=not_measured)

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from b70ctl.checks.stats import mad, median
-
-MAD_TO_SIGMA = 1.4826
+from b70ctl.checks.stats import SIGMA_PER_MAD, mad, median
 
 
 def robust_score(rates_tok_s: Sequence[float]) -> float | None:
     """median - 1.4826 * MAD of the rates; None without any rate."""
     if not rates_tok_s:
         return None
-    return median(rates_tok_s) - MAD_TO_SIGMA * mad(rates_tok_s)
+    return median(rates_tok_s) - SIGMA_PER_MAD * mad(rates_tok_s)
