@@ -15,11 +15,15 @@ site: $(INSTALLED)
 demo: $(INSTALLED)
 	$(VENV)/bin/b70ctl demo --out reports/demo
 
-# The static gate first (seconds): ruff, and mypy --strict over b70ctl (pyproject.toml configures both).
+# The static gate first (seconds): ruff, and mypy --strict over b70ctl (pyproject.toml configures both). Then the
+# unit tests two at a time, one file per worker (nothing there serves vLLM or starts a test host, and most of their
+# time is spent waiting on subprocesses and sockets), and last, one at a time, the tests that start real vLLM servers
+# and systemd test hosts, which use both cores by themselves.
 test: $(INSTALLED)
 	$(VENV)/bin/ruff check control tests scripts benchmarks roles
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --numprocesses 2 --dist loadfile tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/appliance tests/vllm $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) reports/demo reports/site .pytest_cache
