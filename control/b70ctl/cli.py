@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 
 from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput
+from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe, recipe_names
 from b70ctl.report.verdict import describe_bound
 
@@ -107,7 +108,7 @@ def print_json(data: object) -> None:
 
 
 @recipes_app.command("list")
-def recipes_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False) -> None:
+def recipes_list(as_json: Annotated[bool, json_option()] = False) -> None:
     """List the shipped recipes."""
     recipes = [load_recipe(name) for name in recipe_names()]
     if as_json:
@@ -124,7 +125,7 @@ def recipes_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSO
 
 @recipes_app.command("show")
 def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name or path to a recipe file")],
-                 as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False) -> None:
+                 as_json: Annotated[bool, json_option()] = False) -> None:
     """Show one recipe, validated, with its claims."""
     recipe = load_recipe(name)
     if as_json:
@@ -250,8 +251,8 @@ def verify(
     max_requests: Annotated[int | None, typer.Option(
         help="Measure each workload at most N times (a quick check; the report says so). Default: the recipe's "
              "min_requests..max_requests")] = None,
-    as_json: Annotated[bool, typer.Option(
-        "--json", help="Print report.json to stdout (with --record-reference: what was recorded)")] = False,
+    as_json: Annotated[bool, json_option(
+        "Print report.json to stdout (with --record-reference: what was recorded)")] = False,
 ) -> None:
     """Smoke, greedy correctness and throughput checks against a vLLM endpoint, with a verdict per claim.
 
@@ -324,7 +325,7 @@ def verify(
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="Directory for the report")] = Path("reports/demo"),
-    as_json: Annotated[bool, typer.Option("--json", help="Print report.json to stdout")] = False,
+    as_json: Annotated[bool, json_option("Print report.json to stdout")] = False,
 ) -> None:
     """The embedded default end to end: tiny Qwen3 on real vLLM (CPU), baseline + draft-model speculation,
     verified against the cpu-tiny recipe. Leaves nothing running."""

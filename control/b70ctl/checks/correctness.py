@@ -20,10 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from b70ctl.checks.client import EndpointError, VllmClient
-from b70ctl.errors import BadInput
+from b70ctl.documents import Document as _Strict
+from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, write_json_atomically
 from b70ctl.recipes.model import CorrectnessSettings, Probe, Recipe
 from b70ctl.report.model import CorrectnessResult, GarbageFinding, PromptComparison
@@ -37,10 +38,6 @@ DEGENERATE_MIN_REPEATS = 3
 
 
 # -- the reference file ------------------------------------------------------------------------------------------
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 class ReferenceOutput(_Strict):
     """The target-only greedy output of one prompt."""
 
@@ -152,10 +149,7 @@ def load_reference(path: Path, recipe: Recipe) -> Reference:
     try:
         reference = Reference.model_validate(data)
     except ValidationError as error:
-        first = error.errors()[0]
-        location = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        message = first["msg"].removeprefix("Value error, ")
-        raise BadInput(f"reference file {path}: field {location}: {message}: {hint}") from error
+        raise BadInput(f"reference file {path}: field {first_problem(error)}: {hint}") from error
     reference._source = str(path)
     check_reference_matches(reference, recipe)
     return reference

@@ -18,6 +18,7 @@ from b70ctl.diagnose.collect import collect_unit, local_runner, ssh_runner, stre
 from b70ctl.diagnose.match import diagnose_lines
 from b70ctl.diagnose.model import Diagnosis, Fix, LogLine
 from b70ctl.errors import BadInput
+from b70ctl.options import json_option
 
 DEFAULT_UNIT = "b70-vllm"
 
@@ -108,7 +109,7 @@ def diagnose_command(
         help="Read the unit's journal on this host over SSH (honours ~/.ssh/config and the agent)")] = None,
     topology: Annotated[Path | None, typer.Option(
         help="The host's topology.json: say when its oneCCL profile contradicts what the logs show")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON")] = False,
+    as_json: Annotated[bool, json_option("Print the diagnosis as JSON")] = False,
 ) -> None:
     """Name each known failure in serve logs, kernel logs or a verify report, with the evidence and the fix.
 

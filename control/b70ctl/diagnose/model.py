@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from b70ctl.documents import Pinned as _Model
 
 CATALOGUE_SCHEMA_VERSION: Final = 1
 
@@ -25,10 +27,6 @@ Severity = Literal["failure", "harmless"]
 SourceKind = Literal["docs", "capture", "issue", "upstream"]
 REPOSITORY_SOURCE_KINDS = ("docs", "capture")
 FixKind = Literal["env", "profile", "recipe", "command", "image", "host", "none"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Pattern(_Model):

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from b70ctl.errors import BadInput
 from b70ctl.files import write_failure
+from b70ctl.options import json_option
 
 if TYPE_CHECKING:  # the models are built when a report is made, not at every b70ctl command's start-up
     from b70ctl.fleet.model import FleetReport
@@ -56,7 +57,7 @@ def report_command(
     reports_dir: Annotated[Path, typer.Argument(help="REPORTS_DIR: one directory per host with report.json "
                                                      "(or unreachable.json), as the verify play collects them")],
     out: Annotated[Path, typer.Option("--out", help="Directory for fleet.json, fleet.md and fleet.html")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print fleet.json to stdout")] = False,
+    as_json: Annotated[bool, json_option("Print fleet.json to stdout")] = False,
 ) -> None:
     """Aggregate per-host reports into fleet.json, fleet.md and fleet.html, with verdicts, drift and outliers."""
     # Imported here: jinja2 and the recipes are not needed by any other b70ctl command's start-up.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded
 from b70ctl.report.load import MAX_REPORT_BYTES
 from b70ctl.report.model import Environment
@@ -85,8 +85,7 @@ def _read_json_object(path: Path, limit: int = MAX_DOCUMENT_BYTES) -> dict[str, 
 
 def _short_error(error: Exception) -> str:
     if isinstance(error, ValidationError):
-        first = error.errors()[0]
-        return f"{'.'.join(str(p) for p in first['loc']) or '(top level)'}: {first['msg']}"
+        return first_problem(error)
     if isinstance(error, OSError):
         return error.strerror or str(error)
     if isinstance(error, BadInput):  # names the path already, as the line it goes into does

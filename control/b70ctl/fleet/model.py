@@ -10,8 +10,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import Field, PrivateAttr
 
+from b70ctl.documents import Document as Model
 from b70ctl.report.model import Environment, Verdict
 
 FLEET_SCHEMA_VERSION: Final = 1
@@ -65,10 +66,6 @@ ProblemKind = Literal[
     "bad_host_facts",
     "mixed_recipes",
 ]
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class InputProblem(Model):

@@ -20,12 +20,19 @@ from rich.table import Table
 from rich.text import Text
 
 from b70ctl.choices import choice_option
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.facts import collect_facts
 from b70ctl.host.memory import KV_CACHE_GIB_MIN, host_fit
 from b70ctl.host.model import load_facts
-from b70ctl.host.topology import (FALLBACK_PATH, PROFILE_CHOICES, TOPOLOGY_PATH, apply_fallback, fallback_record,
-                                  topology)
+from b70ctl.host.topology import (
+    FALLBACK_PATH,
+    PROFILE_CHOICES,
+    TOPOLOGY_PATH,
+    apply_fallback,
+    fallback_record,
+    topology,
+)
+from b70ctl.options import JsonOption, json_option
 from b70ctl.recipes import load_recipe
 
 app = typer.Typer(no_args_is_help=True, help="Host hardware: GPU inventory, PCIe P2P topology, memory fit.")
@@ -38,7 +45,6 @@ class Probe(str, Enum):
     never = "never"
 
 RootOption = Annotated[str, typer.Option("--root", help="Root prefix of the sysfs/procfs tree to read")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON")]
 
 
 def _check_root(root: str) -> None:
@@ -136,7 +142,7 @@ def fallback_command(
     signature: Annotated[str, typer.Option(
         help="The catalogue entry b70ctl diagnose named, one whose fix is the no-p2p profile")],
     evidence: Annotated[str, typer.Option(help="The log line that showed it")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print {\"record\", \"topology\"} (what the role keeps)")] =
+    as_json: Annotated[bool, json_option("Print {\"record\", \"topology\"} (what the role keeps)")] =
         False,
 ) -> None:
     """The serve gate's fallback from p2p to no-p2p: the record to keep at /etc/b70/ccl-fallback.json and the
@@ -224,7 +230,7 @@ def fit_command(
 @app.command("environment")
 def environment_command(
     recipe: Annotated[str, typer.Option(help="Recipe name or path to a recipe file")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print host_facts.json (what the role writes)")] = False,
+    as_json: Annotated[bool, json_option("Print host_facts.json (what the role writes)")] = False,
 ) -> None:
     """Read a host bundle (JSON on stdin: hostname, facts, topology, image, models, compute_runtime) and print the
     host_facts.json `b70ctl verify --host-facts` and the fleet report read."""
@@ -239,7 +245,7 @@ def environment_command(
     try:
         bundle = HostBundle.model_validate_json(text)
     except ValidationError as error:
-        raise BadInput(f"host bundle on stdin is invalid ({error.errors()[0]['loc']}: {error.errors()[0]['msg']}): "
+        raise BadInput(f"host bundle on stdin is invalid ({first_problem(error)}): "
                        "pipe in the JSON the replication_check role collects") from error
     recipe_model, lock_model, _ = load_recipe_and_lock(recipe, None)
     environment = host_environment(bundle, recipe_model, lock_model)

@@ -13,18 +13,17 @@ import os
 import shlex
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from b70ctl.documents import Document
 from b70ctl.host.model import FactsDocument
 from b70ctl.lock.model import Lock, appliance_hash
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import Environment
 
 
-class HostBundle(BaseModel):
+class HostBundle(Document):
     """What the role collects on a host; every part may be missing (a host stage that has not run yet)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     hostname: str | None = None
     facts: FactsDocument | None = Field(None, description="The b70 fact (host/facts.py output)")

@@ -14,15 +14,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from b70ctl.documents import Pinned as _Model
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, read_json_object
 from b70ctl.host.topology import CCL_PROFILES, TOPOLOGY_SCHEMA_VERSION
 
 Profile = Literal["p2p", "no-p2p"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ProbeResult(_Model):

@@ -19,17 +19,14 @@ from importlib import resources
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from b70ctl.documents import Pinned as _Model
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, read_bounded
 from b70ctl.recipes.model import load_yaml_unique
 
 DATA_FILE = "releases.yaml"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PackageFrom(_Model):

@@ -18,8 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from b70ctl.documents import Pinned as Strict
 from b70ctl.errors import BadInput
 from b70ctl.extras import require
 from b70ctl.image.patches import PatchSeries, load_series
@@ -41,10 +42,6 @@ BASE_ARG_FROM = re.compile(r"^\$\{?BASE_IMAGE\}?$")
 XPU_ENTRYPOINT = "images/entrypoint.sh"
 # Debian bookworm's python: the CPU image installs the torch wheel built for it.
 CPU_IMAGE_PYTHON_TAG = "cp311"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ContextFile(Strict):

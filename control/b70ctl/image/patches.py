@@ -22,8 +22,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from b70ctl.documents import Pinned as Strict
 from b70ctl.errors import BadInput
 
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
@@ -37,10 +38,6 @@ PRISTINE_WHEELS: dict[str, tuple[str, str]] = {
 }
 PRISTINE_WHEEL_PLATFORM = "manylinux_2_28_x86_64"
 PRISTINE_WHEEL_PYTHON = "3.11"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PatchEntry(Strict):

@@ -10,8 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
+from b70ctl.documents import Pinned
 from b70ctl.lock.model import Lock, ModelPin, appliance_hash
 from b70ctl.lock.resolve import sha256_file
 from b70ctl.recipes import Recipe
@@ -19,9 +18,7 @@ from b70ctl.recipes import Recipe
 STATE_DIR_NAMES = {".b70ctl", ".quarantine", ".cache"}
 
 
-class Drift(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class Drift(Pinned):
     component: str
     path: str | None = None
     kind: Literal["missing", "hash", "size", "extra", "revision", "generator", "digest", "unresolved"]
@@ -29,9 +26,7 @@ class Drift(BaseModel):
     actual: str | None = None
 
 
-class CheckReport(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class CheckReport(Pinned):
     recipe: str
     appliance_hash: str
     lock_resolved: bool

@@ -15,6 +15,7 @@ from b70ctl.lock.check import check_installed
 from b70ctl.lock.model import appliance_hash, load_recipe_and_lock
 from b70ctl.lock.registry import DIGEST_PATTERN
 from b70ctl.lock.resolve import resolve_and_write
+from b70ctl.options import JsonOption
 
 app = typer.Typer(no_args_is_help=True, help="The lock: what each recipe resolves to, pinned.")
 console = Console(stderr=True)
@@ -30,7 +31,6 @@ SeriesOption = Annotated[Optional[list[str]], typer.Option(
 GroupOption = Annotated[Optional[list[str]], typer.Option(
     "--group", help="kernel, gpu_runtime or container_engine (repeat); default: every group the lock has")]
 LockOption = Annotated[Optional[Path], typer.Option("--lock", help="Lock file (default: beside the recipe)")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON")]
 
 
 def _print_json(data: object) -> None:

@@ -16,10 +16,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from b70ctl.documents import Pinned as Strict
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, write_json_atomically
 from b70ctl.lock.debs import ResolveError
-from b70ctl.lock.debs_model import DebPin, Group, HostPackageLock, SeriesLock, Strict
+from b70ctl.lock.debs_model import DebPin, Group, HostPackageLock, SeriesLock
 
 # Where `lock resolve --host-packages` writes and the roles read, unless told otherwise: beside the release
 # matrix the package set is read from.

@@ -29,8 +29,17 @@ from functools import cmp_to_key
 from debian.debian_support import version_compare
 
 from b70ctl.lock.debs_model import (
-    GROUPS, DebPin, Group, GroupLock, HostPackageLock, IndexSource, LockedIndex, PackageSet, SeriesLock,
-    SeriesSet)
+    GROUPS,
+    DebPin,
+    Group,
+    GroupLock,
+    HostPackageLock,
+    IndexSource,
+    LockedIndex,
+    PackageSet,
+    SeriesLock,
+    SeriesSet,
+)
 
 BASE_DESCRIPTION = ("Essential and Priority required packages, apt, and their dependencies (debootstrap "
                     "--variant=minbase): on every host already, not locked")

@@ -16,7 +16,14 @@ from rich.console import Console
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, read_bounded, read_bounded_stdin
 from b70ctl.lock.debcache import (
-    DEFAULT_LOCK, check_host, fetch_groups, http_get, load_debs_lock, series_lock, write_debs_lock)
+    DEFAULT_LOCK,
+    check_host,
+    fetch_groups,
+    http_get,
+    load_debs_lock,
+    series_lock,
+    write_debs_lock,
+)
 from b70ctl.lock.debs import resolve_package_set
 from b70ctl.lock.debs_model import GROUPS, Group, PackageSet, SeriesLock
 

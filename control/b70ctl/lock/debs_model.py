@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from b70ctl.documents import Pinned as Strict
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
 # Debian policy 5.6.1 (Package) and 5.6.12 (Version): what dpkg accepts, so a name or version can go into argv,
@@ -24,10 +26,6 @@ PACKAGE_NAME = r"^[a-z0-9][a-z0-9+.-]+$"
 PACKAGE_VERSION = r"^([0-9]+:)?[0-9A-Za-z.+~-]+$"
 GROUPS = ("kernel", "gpu_runtime", "container_engine")
 Group = Literal["kernel", "gpu_runtime", "container_engine"]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class IndexSource(Strict):

@@ -16,9 +16,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from b70ctl.errors import BadInput
+from b70ctl.documents import Pinned as Strict
+from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, write_failure, write_text_atomically
 from b70ctl.recipes import Recipe, load_recipe, recipe_path
 
@@ -43,10 +44,6 @@ def plain_relative_path(path: str) -> str:
         raise ValueError(f"{path!r} is not a plain relative path inside the model directory: the lock or the hub "
                          "answer was tampered with; re-resolve the lock from a trusted hub")
     return path
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class FilePin(Strict):
@@ -236,9 +233,7 @@ def load_lock_file(path: Path) -> Lock:
     try:
         return Lock.model_validate(data)
     except ValidationError as error:
-        first = error.errors()[0]
-        location = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise BadInput(f"lock file {path}: {location}: {first['msg'].removeprefix('Value error, ')}") from error
+        raise BadInput(f"lock file {path}: {first_problem(error)}") from error
 
 
 def load_recipe_and_lock(name_or_path: str, lock_path: Path | None = None) -> tuple[Recipe, Lock, Path]:

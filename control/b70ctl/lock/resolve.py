@@ -26,6 +26,7 @@ from b70ctl.lock.model import (
     ModelPin,
     PatchSeriesPin,
     VendorPatchPin,
+    appliance_hash,
     base_tree_description,
     build_lock,
     load_lock_file,
@@ -33,7 +34,6 @@ from b70ctl.lock.model import (
     plain_relative_path,
     stale_inputs,
     write_lock,
-    appliance_hash,
 )
 from b70ctl.lock.registry import parse_reference, resolve_tag
 from b70ctl.recipes import Recipe, load_recipe

@@ -14,6 +14,7 @@ from rich.console import Console
 from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput
 from b70ctl.lock.model import load_recipe_and_lock
+from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
 
 if TYPE_CHECKING:  # the fetch module is imported by the commands that use it
@@ -29,7 +30,7 @@ class FetchSource(str, Enum):
 
 RecipeOption = Annotated[str, typer.Option("--recipe", help="Recipe name or path to a recipe file")]
 LockOption = Annotated[Optional[Path], typer.Option("--lock", help="Lock file (default: beside the recipe)")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (with `changed`)")]
+JsonOption = Annotated[bool, json_option("Print JSON (with `changed`)")]
 
 
 def _print_json(data: object) -> None:
@@ -87,7 +88,7 @@ def cache_command(
     recipe: RecipeOption,
     cache_dir: Annotated[Path, typer.Option("--cache-dir", help="Hugging Face cache directory to fill")],
     lock: LockOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Controller side: download the locked files once into a cache that hosts fetch from (--source cache)."""
     from b70ctl.models.fetch import fill_cache
@@ -150,7 +151,7 @@ def convert_command(
 @app.command("manifest")
 def manifest_command(
     directories: Annotated[list[Path], typer.Argument(help="Model directories a host receives")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Every file in each DIRECTORY with its size and sha256: what a host's copy must hold. Hashes fetch
     verified are reused, so a directory of fetched weights is described without reading them."""

@@ -29,8 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from pydantic import BaseModel, ConfigDict
-
+from b70ctl.documents import Document
 from b70ctl.errors import BadInput
 from b70ctl.extras import require
 from b70ctl.files import write_failure, write_text_atomically
@@ -44,26 +43,20 @@ QUARANTINE_DIR = ".quarantine"
 DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
-class FileOutcome(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FileOutcome(Document):
     path: str
     action: Literal["kept", "downloaded", "resumed", "linked", "copied", "generated"]
     size_bytes: int
 
 
-class Failure(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Failure(Document):
     role: str
     path: str
     reason: str
     quarantined_at: str | None = None
 
 
-class ModelOutcome(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ModelOutcome(Document):
     role: str
     path: str
     revision: str | None
@@ -71,9 +64,7 @@ class ModelOutcome(BaseModel):
     files: list[FileOutcome]
 
 
-class FetchResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FetchResult(Document):
     recipe: str
     dest: str
     source: Source

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
+from b70ctl.documents import Document, Pinned
 from b70ctl.errors import BadInput
 from b70ctl.lock.resolve import sha256_file
 
@@ -23,17 +22,13 @@ HOST_MANIFEST_FILE = ".b70-manifest.json"
 SKIPPED_DIRS = {".b70ctl", ".cache", ".quarantine"}
 
 
-class ManifestFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class ManifestFile(Pinned):
     path: str
     size_bytes: int
     sha256: str
 
 
-class Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Manifest(Document):
     directory: str
     files: list[ManifestFile]
     hashed_bytes: int  # what building this manifest read: 0 when fetch had verified every file

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from importlib import resources
 import stat
+from importlib import resources
 from pathlib import Path
 
 import yaml

@@ -19,7 +19,6 @@ from b70ctl.errors import BadInput, first_problem
 from b70ctl.models.tiny import TinySpec
 from b70ctl.versions import version_at_least
 
-
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Methods that draft a whole block in one pass (parallel drafting): vLLM reserves k slots per request of a step.
 PARALLEL_DRAFTING = ("dflash", "dspark")

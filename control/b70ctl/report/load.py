@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import parse_json, read_bounded
 from b70ctl.report.model import REPORT_SCHEMA_VERSION, Report
 
@@ -173,12 +173,6 @@ def upgrade_report_json(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _first_validation_error(error: ValidationError) -> str:
-    first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    return f"{location}: {first['msg']}"
-
-
 def _cut_short(text: str, error: json.JSONDecodeError) -> bool:
     """True when the JSON text is a prefix of a document: it ends inside a string, a number or a literal, or
     the parser ran out of text where it expected more."""
@@ -246,7 +240,7 @@ def read_report(path: Path | str) -> LoadedReport | ReportProblem:
         report = Report.model_validate(upgraded)
     except ValidationError as error:
         return ReportProblem("invalid", name, f"{name}: not a valid schema {version} report: "
-                                              f"{_first_validation_error(error)}")
+                                              f"{first_problem(error)}")
     if version == 0:
         report.measurements = measurements_of(report)
     return LoadedReport(report=report, path=name, upgraded_from=version if version != REPORT_SCHEMA_VERSION

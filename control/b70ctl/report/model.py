@@ -9,15 +9,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from b70ctl.documents import Document as Model
 
 REPORT_SCHEMA_VERSION: Final = 4
 
 Verdict = Literal["met", "not_met", "not_measured"]
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SubCheck(Model):

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from pydantic import ValidationError
 
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.model import TopologyDocument, load_topology
+from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, env_problem
 from b70ctl.serve.render import DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeContext, render_container
@@ -74,7 +74,7 @@ def render(
     tuned: Annotated[str | None, typer.Option(
         help="The host's vllm_serve_tuned (host_vars/<host>/b70_tuned.yml) as JSON: its overrides are applied to "
              "the speculative server ({} or absent: the recipe as it is)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help='Print {"argv", "env", "docker_args"} as JSON')] = False,
+    as_json: Annotated[bool, json_option('Print {"argv", "env", "docker_args"} as JSON')] = False,
     compile_cache_dir: Annotated[str, typer.Option(
         help="XPU: host directory of the compile caches the container mounts ('' for none)")
     ] = DEFAULT_COMPILE_CACHE_DIR,

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from b70ctl.documents import Pinned
 from b70ctl.host.model import TopologyDocument
 from b70ctl.host.topology import CCL_PROFILES
 from b70ctl.recipes.model import Recipe
@@ -30,10 +31,8 @@ CONTAINER_CACHE_ROOT = "/var/cache/b70"
 COMPILE_CACHES = ("vllm", "neo", "triton")
 
 
-class ServeContext(BaseModel):
+class ServeContext(Pinned):
     """Where the recipe is served: paths as the vLLM process sees them, and the port."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model_dir: str = Field(description="Target model directory")
     drafter_dir: str | None = Field(None, description="Drafter directory (converted if the recipe needs it)")
@@ -50,9 +49,7 @@ class ServeContext(BaseModel):
                                      description="NEO_CACHE_MAX_SIZE: the GPU kernel cache's cap in bytes")
 
 
-class ServeCommand(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class ServeCommand(Pinned):
     argv: list[str] = Field(description="vLLM server arguments after the program (no secrets)")
     env: dict[str, str]
     docker_args: list[str] = Field(default_factory=list,

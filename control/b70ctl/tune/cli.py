@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from b70ctl.errors import BadInput
+from b70ctl.options import json_option
 from b70ctl.tune.model import TuneReport
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def tune_command(
         help="An appliance host whose serving unit the tune owns: its connection and vllm_serve settings as JSON "
              "(a file, or - for stdin; playbooks/tune.yml passes it). Without it: local processes (cpu-tiny)")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print tune.json to stdout")] = False,
+    as_json: Annotated[bool, json_option("Print tune.json to stdout")] = False,
 ) -> None:
     """Find the best settings of the recipe's tune space on this host: successive halving under a request budget,
     each candidate served, checked for greedy identity with the target-only baseline and scored by median - 1.4826

@@ -8,21 +8,18 @@ from datetime import date as date_type
 from datetime import datetime
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from b70ctl.documents import Document as _Model
+from b70ctl.documents import Pinned
 
 Value = int | str | None
 
 TUNE_SCHEMA_VERSION: Final = 1
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Candidate(_Model):
+class Candidate(Pinned):
     """One point of the tune space: the value of every tuned knob (None: the recipe leaves vLLM's default)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     overrides: dict[str, Value]
 

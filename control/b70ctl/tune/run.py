@@ -22,12 +22,12 @@ from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import CorrectnessResult
 from b70ctl.tune.model import (
     Candidate,
-    Value,
     CandidateResult,
     FinalComparison,
     Measurement,
     Round,
     TuneReport,
+    Value,
     knob_applies,
 )
 from b70ctl.tune.search import (

@@ -30,14 +30,20 @@ from types import TracebackType
 from typing import Any, Literal, Protocol
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from b70ctl.checks.client import Endpoint
+from b70ctl.documents import Document
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.model import TopologyDocument
 from b70ctl.recipes.model import Recipe
-from b70ctl.serve.render import (DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand,
-                                 ServeContext, render_container)
+from b70ctl.serve.render import (
+    DEFAULT_COMPILE_CACHE_DIR,
+    DEFAULT_NEO_CACHE_MAX_BYTES,
+    ServeCommand,
+    ServeContext,
+    render_container,
+)
 from b70ctl.tune.model import Candidate
 from b70ctl.tune.serving import CandidateFailed, candidate_command, server_name
 
@@ -82,11 +88,9 @@ class LocalShell:
         return _completed(argv, completed)
 
 
-class ApplianceHost(BaseModel):
+class ApplianceHost(Document):
     """The host a tune owns the unit of, as playbooks/tune.yml hands it over (stdin of `b70ctl tune --host -`):
     how to reach it (Ansible's connection settings) and the vllm_serve role's settings of its unit."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="inventory_hostname")
     connection: Literal["ssh", "local"] = Field("ssh", description="ansible_connection: local when the controller "
@@ -142,12 +146,10 @@ class SshShell:
         return _completed(argv, completed)
 
 
-class ServingContainer(BaseModel):
+class ServingContainer(Document):
     """What roles/vllm_serve records beside the unit (<config_dir>/<unit>.container.json): the parts of its
     ExecStart that do not come from the render, and the render's inputs, so a candidate's ExecStart is the
     role's with only the rendered parts (docker options, server arguments, environment) replaced."""
-
-    model_config = ConfigDict(extra="forbid")
 
     exec_prefix: list[str] = Field(min_length=1, description="docker run ... up to the rendered docker options")
     env_file: str = Field(description="The unit's environment file, one of exec_prefix's --env-file values")
