@@ -165,14 +165,18 @@ def test_an_answer_over_the_limit_is_not_read_and_says_so(huge_server):
     assert stream.error.startswith("stream cut: the answer is larger than 1 MiB") and not stream.chunks
 
 
-def test_verify_cli_refuses_a_limit_that_is_no_number(tmp_path):
+@pytest.mark.parametrize("option, value, message", [
+    ("--max-answer-mb", "0", "--max-answer-mb 0: give the MiB one answer may hold, a number above 0"),
+    ("--max-requests", "0", "--max-requests 0: give how many requests each workload may take, 1 or more"),
+])
+def test_verify_cli_refuses_a_limit_that_is_no_number(tmp_path, option, value, message):
     completed = subprocess.run(
         [sys.executable, "-c", "from b70ctl.cli import main; main()", "verify", "--endpoint", "http://127.0.0.1:9",
-         "--recipe", "cpu-tiny", "--out", str(tmp_path / "out"), "--max-answer-mb", "0"],
+         "--recipe", "cpu-tiny", "--out", str(tmp_path / "out"), option, value],
         capture_output=True, text=True, timeout=120)
     assert completed.returncode == 2
-    assert [line for line in completed.stderr.splitlines() if line.strip()] == [
-        "error: --max-answer-mb 0: give the MiB one answer may hold, a number above 0"]
+    assert [line for line in completed.stderr.splitlines() if line.strip()] == [f"error: {message}"]
+    assert not (tmp_path / "out").exists()
 
 
 # -- small inputs that must be one line and exit 2 ------------------------------------------------------------
