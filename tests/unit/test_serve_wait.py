@@ -60,10 +60,15 @@ def world(tmp_path):
         temporary.write_text(json.dumps({unit.replace("_", "-"): state for unit, state in states.items()}))
         temporary.replace(units)
 
-    def run(*args: str, timeout: float = 60) -> subprocess.Popen[str]:
+    def run(*args: str, servers: object) -> subprocess.Popen[str]:
+        """The watcher with the role's server list on stdin ({"unit", "port", "baseline"} per server)."""
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_UNITS": str(units), "FAKE_CALLS": str(calls)}
-        return subprocess.Popen([sys.executable, str(SCRIPT), *args], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen([sys.executable, str(SCRIPT), *args], env=env, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert process.stdin is not None
+        process.stdin.write(servers if isinstance(servers, str) else json.dumps(servers))
+        process.stdin.close()
+        return process
 
     def read_states(count: int) -> None:
         """Until the watcher has asked systemd `count` times: what it read first is its baseline."""
@@ -86,14 +91,21 @@ def active(restarts: int = 0) -> dict[str, str]:
 
 
 def finished(process: subprocess.Popen[str]) -> tuple[int, dict]:
-    out, err = process.communicate(timeout=60)
+    assert process.stdout is not None and process.stderr is not None
+    process.wait(timeout=60)
+    out, err = process.stdout.read(), process.stderr.read()
     return process.returncode, json.loads(out) if out else {"stderr": err}
+
+
+def servers(**ports: int) -> list[dict]:
+    return [{"unit": unit.replace("_", "-"), "port": port, "baseline": unit.endswith("baseline")}
+            for unit, port in ports.items()]
 
 
 def test_every_server_healthy_is_exit_0(world) -> None:
     serve, set_units, run = world
     set_units(b70_vllm=active(), b70_vllm_baseline=active())
-    code, result = finished(run("--timeout", "30", f"b70-vllm={serve()}", f"b70-vllm-baseline={serve()}"))
+    code, result = finished(run("--timeout", "30", servers=servers(b70_vllm=serve(), b70_vllm_baseline=serve())))
     assert code == 0 and result["ok"] is True and result["reason"] is None
     assert [server["healthy"] for server in result["servers"]] == [True, True]
 
@@ -102,7 +114,7 @@ def test_a_unit_that_dies_while_starting_ends_the_wait_long_before_the_timeout(w
     serve, set_units, run = world
     healthy_port, dead_port = serve(), 1  # nothing answers on port 1
     set_units(b70_vllm=active(restarts=3), b70_vllm_baseline=active())  # restarts from before the wait do not count
-    process = run("--timeout", "600", f"b70-vllm={dead_port}", f"b70-vllm-baseline={healthy_port}")
+    process = run("--timeout", "600", servers=servers(b70_vllm=dead_port, b70_vllm_baseline=healthy_port))
     run.read_states(4)  # the baselines and a first look at each
     assert process.poll() is None  # alive and not answering yet: still waiting
     # vLLM exited: systemd holds the unit in auto-restart for RestartSec.
@@ -118,7 +130,7 @@ def test_a_unit_that_dies_while_starting_ends_the_wait_long_before_the_timeout(w
 def test_restarted_units_count_by_nrestarts_and_deaths_sets_how_many_stop_it(world) -> None:
     serve, set_units, run = world
     set_units(b70_vllm=active(restarts=0))
-    process = run("--timeout", "600", "--deaths", "2", "b70-vllm=1")
+    process = run("--timeout", "600", "--deaths", "2", servers=servers(b70_vllm=1))
     run.read_states(1)
     set_units(b70_vllm=active(restarts=1))  # died once and was restarted: 1 of the 2 allowed
     run.read_states(4)
@@ -134,7 +146,7 @@ def test_the_timeout_names_every_server_that_did_not_answer(world) -> None:
     try:
         port = serve()
         set_units(b70_vllm=active(), b70_vllm_baseline=active())
-        code, result = finished(run("--timeout", "3", f"b70-vllm={port}", f"b70-vllm-baseline={serve()}"))
+        code, result = finished(run("--timeout", "3", servers=servers(b70_vllm=port, b70_vllm_baseline=serve())))
     finally:
         Health.status = 200
     assert code == 1
@@ -145,13 +157,16 @@ def test_the_timeout_names_every_server_that_did_not_answer(world) -> None:
 def test_a_stopped_unit_is_dead_at_once(world) -> None:
     _, set_units, run = world
     set_units(b70_vllm={"NRestarts": "0", "ActiveState": "failed", "SubState": "failed", "Result": "start-limit-hit"})
-    code, result = finished(run("--timeout", "600", "b70-vllm=1"))
+    code, result = finished(run("--timeout", "600", servers=servers(b70_vllm=1)))
     assert code == 1 and "failed/failed, result start-limit-hit" in result["reason"]
 
 
-@pytest.mark.parametrize("argument", ["b70-vllm", "b70-vllm=0", "b70 vllm=8000", "b70-vllm=http"])
-def test_a_bad_server_argument_is_exit_2(world, argument: str) -> None:
+@pytest.mark.parametrize("listed, problem", [
+    ("", "not JSON"), ("[]", "a non-empty JSON list"), ('{"unit": "b70-vllm"}', "a non-empty JSON list"),
+    ('[{"unit": "b70-vllm"}]', "give {"), ('[{"unit": "b70 vllm", "port": 8000}]', "give {"),
+    ('[{"unit": "b70-vllm", "port": 0}]', "give {"), ('[{"unit": "b70-vllm", "port": "8000"}]', "give {"),
+])
+def test_a_bad_server_list_is_exit_2(world, listed: str, problem: str) -> None:
     _, _, run = world
-    process = run("--timeout", "5", argument)
-    _, err = process.communicate(timeout=30)
-    assert process.returncode == 2 and "give UNIT=PORT" in err
+    code, result = finished(run("--timeout", "5", servers=listed))
+    assert code == 2 and problem in result["stderr"], result

@@ -4,7 +4,9 @@
 Standard library only: the vllm_serve role runs this file on the serving host with the system Python, right after
 it started (or restarted) the units.
 
-    python3 serve_wait.py --timeout SECONDS [--deaths N] UNIT=PORT [UNIT=PORT ...]
+    python3 serve_wait.py --timeout SECONDS [--deaths N] < servers.json
+
+servers.json is the role's list of servers, [{"unit": "b70-vllm", "port": 8000, ...}, ...] (other keys ignored).
 
 All servers are watched at once, so the wait is as long as the slowest start, not the sum of the starts. A unit
 that died while starting is restarted by systemd (Restart=on-failure) and would only die again: an XPU start that
@@ -15,7 +17,7 @@ all (failed, or stopped). --deaths (default 1) is how many deaths stop the wait.
 
 Prints one JSON object: {"ok": bool, "reason": str | null, "waited_s": float, "servers": [{"unit", "port",
 "healthy", "deaths", "active_state", "result"}]}. Exit 0 when every server answered /health with 200, 1 when one
-died --deaths times or the timeout passed (reason names which and how), 2 on bad arguments.
+died --deaths times or the timeout passed (reason names which and how), 2 on bad arguments or a bad list.
 """
 
 from __future__ import annotations
@@ -58,11 +60,22 @@ def healthy(port: int) -> bool:
         return False
 
 
-def server_spec(text: str) -> tuple[str, int]:
-    unit, _, port = text.partition("=")
-    if not UNIT_NAME.match(unit) or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r}: give UNIT=PORT, e.g. b70-vllm=8000")
-    return unit, int(port)
+def read_servers(text: str) -> list[tuple[str, int]]:
+    """[(unit, port)] from the role's JSON list; ValueError naming the first entry that is not one."""
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"the server list on stdin is not JSON ({error.msg})") from error
+    if not isinstance(entries, list) or not entries:
+        raise ValueError("the server list on stdin must be a non-empty JSON list")
+    servers = []
+    for entry in entries:
+        unit = entry.get("unit") if isinstance(entry, dict) else None
+        port = entry.get("port") if isinstance(entry, dict) else None
+        if not isinstance(unit, str) or not UNIT_NAME.match(unit) or type(port) is not int or not 0 < port < 65536:
+            raise ValueError(f"server {json.dumps(entry)}: give {{\"unit\": NAME, \"port\": 1-65535}}")
+        servers.append((unit, port))
+    return servers
 
 
 @dataclass
@@ -115,11 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, required=True, help="seconds to wait for every server")
     parser.add_argument("--deaths", type=int, default=1, help="deaths of one unit that stop the wait")
-    parser.add_argument("servers", nargs="+", type=server_spec, metavar="UNIT=PORT")
     args = parser.parse_args(argv)
     if not args.timeout > 0 or args.deaths < 1:
         parser.error("--timeout must be above 0 and --deaths at least 1")
-    result = wait(args.servers, args.timeout, args.deaths)
+    try:
+        servers = read_servers(sys.stdin.read())
+    except ValueError as error:
+        parser.error(str(error))
+    result = wait(servers, args.timeout, args.deaths)
     print(json.dumps(result, sort_keys=True))
     return 0 if result["ok"] else 1
 
