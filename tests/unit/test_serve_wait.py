@@ -105,7 +105,9 @@ def servers(**ports: int) -> list[dict]:
 def test_every_server_healthy_is_exit_0(world) -> None:
     serve, set_units, run = world
     set_units(b70_vllm=active(), b70_vllm_baseline=active())
-    code, result = finished(run("--timeout", "30", servers=servers(b70_vllm=serve(), b70_vllm_baseline=serve())))
+    listed = servers(b70_vllm=serve(), b70_vllm_baseline=serve())
+    listed[1]["port"] = str(listed[1]["port"])  # as an inventory that quotes its port gives it
+    code, result = finished(run("--timeout", "30", servers=listed))
     assert code == 0 and result["ok"] is True and result["reason"] is None
     assert [server["healthy"] for server in result["servers"]] == [True, True]
 
@@ -164,7 +166,8 @@ def test_a_stopped_unit_is_dead_at_once(world) -> None:
 @pytest.mark.parametrize("listed, problem", [
     ("", "not JSON"), ("[]", "a non-empty JSON list"), ('{"unit": "b70-vllm"}', "a non-empty JSON list"),
     ('[{"unit": "b70-vllm"}]', "give {"), ('[{"unit": "b70 vllm", "port": 8000}]', "give {"),
-    ('[{"unit": "b70-vllm", "port": 0}]', "give {"), ('[{"unit": "b70-vllm", "port": "8000"}]', "give {"),
+    ('[{"unit": "b70-vllm", "port": 0}]', "give {"), ('[{"unit": "b70-vllm", "port": "http"}]', "give {"),
+    ('[{"unit": "b70-vllm", "port": true}]', "give {"),
 ])
 def test_a_bad_server_list_is_exit_2(world, listed: str, problem: str) -> None:
     _, _, run = world

@@ -72,6 +72,8 @@ def read_servers(text: str) -> list[tuple[str, int]]:
     for entry in entries:
         unit = entry.get("unit") if isinstance(entry, dict) else None
         port = entry.get("port") if isinstance(entry, dict) else None
+        if isinstance(port, str) and port.isdigit():  # an inventory may give the port as a string
+            port = int(port)
         if not isinstance(unit, str) or not UNIT_NAME.match(unit) or type(port) is not int or not 0 < port < 65536:
             raise ValueError(f"server {json.dumps(entry)}: give {{\"unit\": NAME, \"port\": 1-65535}}")
         servers.append((unit, port))
