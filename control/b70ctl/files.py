@@ -159,14 +159,17 @@ def parse_json(text: str | bytes, where: str, fix: str, **options: Any) -> Any:
 
 
 def read_json_object(source: str | Path, where: str, fix: str,
-                     limit: int = MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+                     limit: int = MAX_DOCUMENT_BYTES, missing: str | None = None) -> dict[str, Any]:
     """A JSON object from a file, or from stdin when source is '-', of at most `limit` bytes. A file that is
     missing, a directory, not a regular file, too large, not UTF-8, not JSON or not an object is one BadInput
-    line: `where`, the problem, `fix`."""
+    line: `where`, the problem, `fix`; `missing`, when given, is the whole line for a file that does not exist
+    (whose fix is usually another command than the other problems')."""
     try:
         text = (read_bounded_stdin(limit, where, fix) if str(source) == "-"
                 else read_bounded(source, limit, where, fix).decode("utf-8"))
         data: Any = parse_json(text, where, fix)
+    except FileNotFoundError as error:
+        raise BadInput(missing or f"{where}: {error.strerror}: {fix}") from error
     except UnicodeDecodeError as error:
         raise BadInput(f"{where}: not UTF-8 text (byte {error.start}): {fix}") from error
     except IsADirectoryError as error:

@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from b70ctl.documents import Pinned as Strict
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, write_failure, write_text_atomically
+from b70ctl.files import read_json_object, write_failure, write_text_atomically
 from b70ctl.recipes import Recipe, load_recipe, recipe_path
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -217,19 +217,8 @@ def lock_path_for(name_or_path: str) -> Path:
 
 
 def load_lock_file(path: Path) -> Lock:
-    where, fix = f"lock file {path}", "restore it or re-resolve"
-    try:
-        data = parse_json(read_bounded(path, MAX_DOCUMENT_BYTES, where, fix).decode("utf-8"), where, fix)
-    except FileNotFoundError as error:
-        raise BadInput(f"lock file {path} does not exist: run b70ctl lock resolve for its recipe") from error
-    except IsADirectoryError as error:
-        raise BadInput(f"lock file {path} is a directory: give the lock's JSON file") from error
-    except UnicodeDecodeError as error:
-        raise BadInput(f"lock file {path}: not UTF-8 text (byte {error.start}): restore it or re-resolve") from error
-    except OSError as error:
-        raise BadInput(f"lock file {path}: {error.strerror}: give a readable lock file") from error
-    except json.JSONDecodeError as error:
-        raise BadInput(f"lock file {path}: not valid JSON (line {error.lineno}): restore it or re-resolve") from error
+    data = read_json_object(path, f"lock file {path}", "restore it or re-resolve",
+                            missing=f"lock file {path} does not exist: run b70ctl lock resolve for its recipe")
     try:
         return Lock.model_validate(data)
     except ValidationError as error:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from b70ctl.errors import BadInput
-from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded
+from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, read_json_object
 from b70ctl.lock.resolve import sha256_file
 from b70ctl.recipes.model import IntRange, Recipe
 from b70ctl.versions import parse, version_at_least
@@ -58,23 +58,8 @@ QWEN3_DECODER_INTS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
 
 def _read_config(directory: Path, what: str) -> dict[str, Any]:
     path = directory / "config.json"
-    where, fix = f"{what} {path}", "restore the model's config.json"
-    try:
-        data = parse_json(read_bounded(path, MAX_DOCUMENT_BYTES, where, fix).decode("utf-8"), where, fix)
-    except FileNotFoundError as error:
-        raise BadInput(f"{what} {directory} has no config.json: point at a model directory") from error
-    except IsADirectoryError as error:
-        raise BadInput(f"{what} {path} is a directory, not a file: restore the model's config.json") from error
-    except UnicodeDecodeError as error:
-        raise BadInput(f"{what} {path}: not UTF-8 text (byte {error.start}): restore the model's config.json") \
-            from error
-    except OSError as error:
-        raise BadInput(f"{what} {path}: {error.strerror}") from error
-    except json.JSONDecodeError as error:
-        raise BadInput(f"{what} {path}: not valid JSON (line {error.lineno})") from error
-    if not isinstance(data, dict):
-        raise BadInput(f"{what} {path}: expected a JSON object")
-    return data
+    return read_json_object(path, f"{what} {path}", "restore the model's config.json",
+                            missing=f"{what} {directory} has no config.json: point at a model directory")
 
 
 def _recorded(path: Path, text: bool = False) -> Any:
