@@ -126,7 +126,7 @@ def test_a_unit_that_dies_while_starting_ends_the_wait_long_before_the_timeout(w
     assert code == 1 and result["ok"] is False
     assert result["reason"].startswith("b70-vllm died while starting (1 time(s); systemd: activating/auto-restart, "
                                        f"result exit-code) before /health answered on port {dead_port}, after ")
-    assert result["waited_s"] < 60
+    assert result["waited_s"] < 600  # stopped by the death, not by its timeout
 
 
 def test_restarted_units_count_by_nrestarts_and_deaths_sets_how_many_stop_it(world) -> None:
