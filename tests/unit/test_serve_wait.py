@@ -1,6 +1,11 @@
 """host/serve_wait.py, the serve gate's wait, run as the role runs it (the system Python, a file, argv), against real
 HTTP servers and a `systemctl` on PATH that answers `show` from a state file the test moves the way systemd moves a
-unit: active, then dead and waiting for its restart (auto-restart), then restarted (NRestarts + 1)."""
+unit: active, then dead and waiting for its restart (auto-restart), then restarted (NRestarts + 1).
+
+The states are systemd's own, not this repo's: src/core/service.c maps SERVICE_AUTO_RESTART to ActiveState
+"activating" with SubState "auto-restart" (systemd 254 added "auto-restart-queued"), Result "exit-code" for a main
+process that exited non-zero, and counts NRestarts (org.freedesktop.systemd1(5), "NRestarts: how many times this
+service was restarted automatically"). The appliance's never-healthy test sees them on a real Debian 12 host."""
 
 from __future__ import annotations
 
