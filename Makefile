@@ -15,7 +15,7 @@ site: $(INSTALLED)
 demo: $(INSTALLED)
 	$(VENV)/bin/b70ctl demo --out reports/demo
 
-# The static gate first (seconds): ruff, and mypy --strict over b70ctl (pyproject.toml configures both). Then the
+# The static gate first (seconds): ruff, and mypy --strict over b70ctl and b70host (pyproject.toml configures both). Then the
 # unit tests two at a time, one file per worker (nothing there serves vLLM or starts a test host, and most of their
 # time is spent waiting on subprocesses and sockets), and last, one at a time, the tests that start real vLLM servers
 # and systemd test hosts, which use both cores by themselves.

@@ -239,7 +239,7 @@ def verify(
         help="The served target's directory, when the server runs on this machine: the report's roofline then "
              "reads its shape there and, for a CPU recipe, measures this machine's memory bandwidth")] = None,
     roofline_inputs: Annotated[Path | None, typer.Option(
-        help="The roofline's inputs measured on the serving host (host/roofline_inputs.py's JSON)")] = None,
+        help="The roofline's inputs measured on the serving host (b70host/roofline_inputs.py's JSON)")] = None,
     check: Annotated[list[str] | None, choice_option(
         Check, "--check", "Run only these checks (repeatable; default all)", unknown="check")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds a request may stall before it fails")] = 120.0,

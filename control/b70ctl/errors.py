@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from b70host import BadInput as BadInput  # the host package refuses with the same exception
+
 if TYPE_CHECKING:
     from pydantic import ValidationError
-
-
-class BadInput(Exception):
-    """Bad input or unreachable service: exit 2 with one line naming the problem and the fix."""
-
-    exit_code = 2
 
 
 def first_problem(error: ValidationError) -> str:

@@ -56,7 +56,7 @@ HOST_FACT_FIELDS = tuple(name for name in Environment.model_fields
                          if name not in ("served_model", "served_speculative_positions", "vllm_version", "extra",
                                          "memory_bandwidth", "target_shape", "memory_bandwidth_unavailable",
                                          "target_shape_unavailable"))
-ROOFLINE_FIX = "pass the JSON host/roofline_inputs.py printed on the serving host"
+ROOFLINE_FIX = "pass the JSON b70host/roofline_inputs.py printed on the serving host"
 
 
 @dataclass
@@ -71,7 +71,7 @@ class VerifyRequest:
     # The served target's directory when the server runs on this machine (the embedded default): verify then
     # reads the target's shape there and, for a CPU recipe, measures this machine's memory bandwidth.
     model_dir: Path | None = None
-    roofline_inputs_path: Path | None = None  # what host/roofline_inputs.py printed on the serving host
+    roofline_inputs_path: Path | None = None  # what b70host/roofline_inputs.py printed on the serving host
     checks: tuple[str, ...] = ("smoke", "correctness", "throughput")
     # Seconds the whole run may take once the servers answered (--deadline); None: no limit. Past it the run
     # ends with the report marked partial, naming the step it was in.
@@ -490,7 +490,7 @@ def require_separate_target_only(client: VllmClient, baseline: VllmClient) -> No
 def measure_roofline_inputs(environment: Environment, model_dir: Path, copy_benchmark: bool) -> None:
     """The target's shape (from its files) and this machine's copy bandwidth, where the host facts gave none:
     only for a server running on this machine. What cannot be read stays None, and the roofline says why."""
-    from b70ctl.host.roofline_inputs import collect
+    from b70host.roofline_inputs import collect
 
     found = collect(str(model_dir), copy_benchmark and environment.memory_bandwidth is None)
     record_roofline_inputs(environment, RooflineInputs.model_validate(found))

@@ -79,7 +79,7 @@ def copy_into_host(host: str, source_dir: Path, destination: str) -> None:
 
 
 # No probe can open peer memory on a test host, so every topology chooses no-p2p by itself (p2p only when proven:
-# control/b70ctl/host/topology.py). The switch host is served as an owner would serve one whose ze_peer run proved
+# control/b70host/topology.py). The switch host is served as an owner would serve one whose ze_peer run proved
 # peer memory, with the p2p override, so both oneCCL profiles go through the roles.
 SCENARIO_HOST_VARS: dict[str, dict[str, object]] = {scenario: {"b70_ccl_profile": "p2p"}
                                                      for scenario in ("b70x2-switch", "b70x2-switch-192gb")}

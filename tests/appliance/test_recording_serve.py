@@ -172,7 +172,7 @@ def test_serve_stage_starts_exactly_the_rendered_command(recording_hosts, recipe
     print(f"{recipe}: host and serve stages {time.monotonic() - started:.0f} s")
 
     # TP=2: P2P behind the switch (its override), the fallback on separate root ports. TP=1 has no peer traffic,
-    # and the topology gives the no-p2p set on both (control/b70ctl/host/topology.py).
+    # and the topology gives the no-p2p set on both (control/b70host/topology.py).
     expected_profile = {hosts[0].name: "p2p" if tensor_parallel == 2 else "no-p2p", hosts[1].name: "no-p2p"}
     for host in hosts:
         remote = on(host.name)

@@ -65,11 +65,16 @@ def test_image_built_once_on_the_controller_and_loaded_by_id(host) -> None:
     assert remote.check_output("ls -A /var/lib/b70/spool") == ""  # the archive is not left behind
 
 
-def test_tiny_models_generated_on_the_host(host) -> None:
+def test_tiny_models_generated_once_and_sent_to_the_host(host) -> None:
+    """Generated on the controller from the lock's spec (the recipe's drafter, draft-perturbed, as drafter/) and
+    sent like fetched models: the host holds the controller's bytes, checked against a manifest."""
     remote = on(host.name)
     models = json.loads(remote.file("/etc/b70/models.json").content_string)
     assert models["target"]["path"] == "/var/lib/b70/models/cpu-tiny/target"
-    assert models["drafter"]["path"] == "/var/lib/b70/models/cpu-tiny/draft-perturbed"
+    assert models["drafter"]["path"] == "/var/lib/b70/models/cpu-tiny/drafter"
+    generator = json.loads(remote.file(f"{models['drafter']['path']}/generator.json").content_string)
+    assert generator["role"] == "draft-perturbed"
+    assert remote.file(f"{models['target']['path']}/.b70-manifest.json").exists
     for role in ("target", "drafter"):
         assert models[role]["revision"].startswith("generated-")
         assert remote.file(f"{models[role]['path']}/model.safetensors").size > 0
@@ -101,14 +106,14 @@ def test_units_serve_the_rendered_command_under_systemd(host) -> None:
         argv = exec_start_argv(text)
         assert argv[argv.index("--env-file") + 1] == f"/etc/b70/serve/{unit}.env"
         # What the unit runs and the environment it gives vLLM are `b70ctl serve render`'s, to the letter.
-        expected = rendered("--model-dir", "/models/target", "--drafter-dir", "/models/draft-perturbed",
+        expected = rendered("--model-dir", "/models/target", "--drafter-dir", "/models/drafter",
                             "--port", str(port), *(["--baseline"] if unit.endswith("baseline") else []))
         env_lines = remote.file(f"/etc/b70/serve/{unit}.env").content_string.splitlines()[1:]
         assert env_lines == [f"{name}={value}" for name, value in sorted(expected["env"].items())]
         assert argv[len(argv) - len(expected["argv"]):] == expected["argv"], unit
     speculative = exec_start_argv(remote.file("/etc/systemd/system/b70-vllm.service").content_string)
     config = json.loads(speculative[speculative.index("--speculative-config") + 1])
-    assert config == {"method": "draft_model", "num_speculative_tokens": 4, "model": "/models/draft-perturbed"}
+    assert config == {"method": "draft_model", "num_speculative_tokens": 4, "model": "/models/drafter"}
     assert speculative[speculative.index("--tensor-parallel-size") + 1] == "2"  # TP=2, as on two B70s
     assert not remote.file("/etc/b70/serve/api-key.env").exists
     with urllib.request.urlopen(f"http://{host.address}:8000/v1/models", timeout=10) as response:
@@ -176,7 +181,7 @@ def test_drafter_of_another_model_is_refused_before_serving_changes(provisioned)
     appliance, _, _ = provisioned
     host = appliance.host(2)
     remote = on(host.name)
-    config = "/var/lib/b70/models/cpu-tiny/draft-perturbed/config.json"
+    config = "/var/lib/b70/models/cpu-tiny/drafter/config.json"
     original = remote.file(config).content_string
     pid = serving_pid(host.name)
     foreign = json.loads(original) | {"vocab_size": 151936}

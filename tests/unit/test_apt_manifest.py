@@ -52,7 +52,7 @@ def test_each_series_takes_its_gpu_runtime_from_where_the_matrix_says() -> None:
 
 
 def test_the_host_gets_only_what_its_tasks_use() -> None:
-    """The P2P probe (host/level_zero.py) loads the Level Zero loader, which drives the GPU through
+    """The P2P probe (b70host/level_zero.py) loads the Level Zero loader, which drives the GPU through
     libze-intel-gpu1; replication_check reads that package's version. Nothing else of the GPU stack is asked for."""
     from b70ctl.host.releases import load_matrix
 

@@ -20,10 +20,9 @@ from typer.testing import CliRunner
 from b70ctl.cli import app
 from b70ctl.diagnose import diagnose_lines, load_catalogue, load_catalogue_file
 from b70ctl.diagnose.catalogue import catalogue_files, catalogue_path
-from b70ctl.diagnose.collect import (collect_unit, kernel_log_argv, log_window, read_log, ssh_settings,
-                                     unit_log_argv)
+from b70ctl.diagnose.collect import collect_unit, kernel_log_argv, log_window, read_log, ssh_settings, unit_log_argv
 from b70ctl.errors import BadInput
-from b70ctl.host.topology import TOPOLOGY_PATH, topology
+from b70host.topology import TOPOLOGY_PATH, topology
 from sysfs_trees import build_tree
 
 B70CTL = str(Path(sys.executable).with_name("b70ctl"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from b70ctl.cli import app, main
-from b70ctl.host import facts as facts_module
-from b70ctl.host.facts import (
+from b70host import facts as facts_module
+from b70host.facts import (
     classify_integrated,
     collect_facts,
     parse_cpd_release_version,
@@ -26,9 +25,11 @@ from b70ctl.host.facts import (
     parse_resize_sizes_bytes,
     parse_uc_info,
 )
+from host_package import host_module
 from sysfs_trees import REPO, build_tree, sysfs
 
-FACTS_SCRIPT = REPO / "control" / "b70ctl" / "host" / "facts.py"
+# Preflight pipes this one file to a host it has not changed yet (python3 -, the module alone).
+FACTS_SCRIPT = REPO / "control" / "b70host" / "facts.py"
 
 # scenario -> (PCI addresses of the cards, model per card, xe-bound count, integrated GPUs)
 EXPECTED_INVENTORY = {
@@ -179,17 +180,20 @@ def test_unknown_battlemage_id_is_counted_with_its_die(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("scenario", ["b70x2-switch", "b70-igpu", "xe-unbound", "no-intel-gpu"])
 def test_fact_script_under_system_python_prints_what_the_cli_prints(tmp_path: Path, scenario: str) -> None:
+    """The installed fact (the host package's module) and preflight's read (the file alone on stdin, nothing
+    installed) print what `b70ctl host facts --json` prints."""
     root = build_tree(tmp_path, scenario)
-    env_python = shutil.which("env") or "/usr/bin/env"
-    script = subprocess.run([env_python, "python3", str(FACTS_SCRIPT), "--root", root], capture_output=True,
-                            text=True, check=True, cwd=tmp_path)
+    installed = subprocess.run(host_module("facts", "--root", root), capture_output=True, text=True, check=True,
+                               cwd=tmp_path)
+    piped = subprocess.run(["python3", "-", "--root", root], input=FACTS_SCRIPT.read_text(), capture_output=True,
+                           text=True, check=True, cwd=tmp_path)
     cli = CliRunner().invoke(app, ["host", "facts", "--root", root, "--json"])
     assert cli.exit_code == 0, cli.output
-    assert json.loads(script.stdout) == json.loads(cli.stdout)
+    assert json.loads(installed.stdout) == json.loads(piped.stdout) == json.loads(cli.stdout)
 
 
 def test_fact_script_refuses_a_missing_root(tmp_path: Path) -> None:
-    completed = subprocess.run(["python3", str(FACTS_SCRIPT), "--root", str(tmp_path / "absent")],
+    completed = subprocess.run(host_module("facts", "--root", str(tmp_path / "absent")),
                                capture_output=True, text=True)
     assert completed.returncode == 2
     assert "is not a directory" in completed.stderr

@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
-from b70ctl.host.facts import collect_facts
 from b70ctl.host.kernel import kernel_plan
 from b70ctl.host.releases import load_matrix
 from b70ctl.recipes import load_recipe
+from b70host.facts import collect_facts
 from sysfs_trees import build_tree
 
 RECIPE = "pr620-fp8-tp2"

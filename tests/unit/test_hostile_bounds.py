@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hostile import Outcome, assert_left_clean, assert_one_line_error, snapshot
 
 from b70ctl.diagnose.collect import MAX_LOG_BYTES
 from b70ctl.files import MAX_DOCUMENT_BYTES
 from b70ctl.report.load import MAX_REPORT_BYTES
+from host_package import host_module
+from hostile import Outcome, assert_left_clean, assert_one_line_error, snapshot
 
 B70CTL = [sys.executable, "-c", "import sys; from b70ctl.cli import main; sys.argv[0] = 'b70ctl'; sys.exit(main())"]
-ROOFLINE_INPUTS = Path(__file__).resolve().parents[2] / "control" / "b70ctl" / "host" / "roofline_inputs.py"
 # What one b70ctl process may map. Its imports take a few hundred MiB; any file of the rows below read whole
 # (never less than 1 GiB of it) would not fit.
 ADDRESS_SPACE_LIMIT = 1536 * 2**20
@@ -298,12 +298,12 @@ def test_fleet_report_names_a_hosts_unbounded_file_and_reports_the_rest(name: st
 @pytest.mark.parametrize("kind", ["sparse", "fifo", "nested"])
 def test_roofline_inputs_name_an_unbounded_config_json(kind: str, tmp_path: Path) -> None:
     """roofline_inputs.py (standard library only, run on the host) says why the target's shape is unknown."""
-    from b70ctl.host.roofline_inputs import JSON_LIMIT_BYTES
+    from b70host.roofline_inputs import JSON_LIMIT_BYTES
 
     work = tmp_path / "case"
     (work / "model").mkdir(parents=True)
     KINDS[kind](JSON_LIMIT_BYTES)(work / "model" / "config.json")
-    outcome = run(["--model-dir", str(work / "model")], work, command=[sys.executable, str(ROOFLINE_INPUTS)])
+    outcome = run(["--model-dir", str(work / "model")], work, command=host_module("roofline_inputs"))
     assert outcome.code == 0 and "Traceback" not in outcome.stderr, outcome.stderr
     found = json.loads(outcome.stdout)
     assert "target_shape" not in found

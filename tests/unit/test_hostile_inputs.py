@@ -841,16 +841,16 @@ def _tasks(path: Path) -> list[dict]:
 
 
 def test_hf_token_reaches_the_fetch_only_through_a_private_file():
-    tasks = _tasks(REPO / "roles/model_store/tasks/fetched.yml")
+    tasks = _tasks(REPO / "roles/model_store/tasks/from_controller.yml")
     for task in tasks:
         assert "b70_hf_token" not in json.dumps(task.get("environment", "")), task["name"]
         assert "HF_TOKEN:" not in json.dumps(task.get("environment", "")), task["name"]
     writes = [t for t in tasks if "b70_hf_token" in json.dumps(t) and "when" not in str(t.get("name", "")).lower()
               and t.get("ansible.builtin.copy")]
     assert writes and all(t.get("no_log") is True and t["ansible.builtin.copy"]["mode"] == "0600" for t in writes)
-    fetch = next(t for t in tasks if t["name"] == "Fetch and verify the models on the controller")
+    fetch = next(t for t in tasks if t["name"] == "Fetch (or generate) and verify the models on the controller")
     assert "HF_TOKEN_PATH" in fetch["environment"]
-    block = next(t for t in yaml_load(REPO / "roles/model_store/tasks/fetched.yml") if "block" in t)
+    block = next(t for t in yaml_load(REPO / "roles/model_store/tasks/from_controller.yml") if "block" in t)
     removal = block["always"][0]
     assert removal["ansible.builtin.file"]["state"] == "absent" and removal.get("no_log") is True
 
@@ -1010,7 +1010,7 @@ def test_inventories_fail_preflight(name, tmp_path):
 
 def _b70_fact(work: Path) -> dict:
     """What `b70ctl host facts --json` prints on a real-shaped host with two B70."""
-    from b70ctl.host.facts import collect_facts
+    from b70host.facts import collect_facts
     from sysfs_trees import build_tree
 
     return collect_facts(build_tree(work, "b70x2-switch"))
@@ -1067,7 +1067,7 @@ def _topology_file(change: Callable[[dict], object] | None = None, raw: bytes | 
                    directory: bool = False) -> Callable[[Path], Invocation]:
     """serve render of the two-B70 recipe with --topology FILE: the host's topology.json, changed."""
     def build(work: Path) -> Invocation:
-        from b70ctl.host.topology import analyse
+        from b70host.topology import analyse
 
         path = work / "topology.json"
         if directory:

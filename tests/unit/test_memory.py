@@ -10,7 +10,6 @@ import yaml
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
-from b70ctl.host.facts import collect_facts
 from b70ctl.host.memory import (
     RUNTIME_RESERVE_GIB,
     card_fit,
@@ -21,6 +20,7 @@ from b70ctl.host.memory import (
 )
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe
+from b70host.facts import collect_facts
 from sysfs_trees import REPO, build_tree
 
 RECIPE_DIR = REPO / "control" / "b70ctl" / "recipes" / "data"

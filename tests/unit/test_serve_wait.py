@@ -1,6 +1,7 @@
-"""host/serve_wait.py, the serve gate's wait, run as the role runs it (the system Python, a file, argv), against real
-HTTP servers and a `systemctl` on PATH that answers `show` from a state file the test moves the way systemd moves a
-unit: active, then dead and waiting for its restart (auto-restart), then restarted (NRestarts + 1).
+"""b70host/serve_wait.py, the serve gate's wait, run as the role runs it (the system Python, the host package's
+module, argv), against real HTTP servers and a `systemctl` on PATH that answers `show` from a state file the test
+moves the way systemd moves a unit: active, then dead and waiting for its restart (auto-restart), then restarted
+(NRestarts + 1).
 
 The states are systemd's own, not this repo's: src/core/service.c maps SERVICE_AUTO_RESTART to ActiveState
 "activating" with SubState "auto-restart" (systemd 254 added "auto-restart-queued"), Result "exit-code" for a main
@@ -11,15 +12,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "control" / "b70ctl" / "host" / "serve_wait.py"
+from host_package import host_module
 
 # `systemctl show --property=... UNIT`: the unit's lines from units.json, as systemd prints them.
 FAKE_SYSTEMCTL = """#!/usr/bin/env python3
@@ -68,7 +67,7 @@ def world(tmp_path):
     def run(*args: str, servers: object) -> subprocess.Popen[str]:
         """The watcher with the role's server list on stdin ({"unit", "port", "baseline"} per server)."""
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_UNITS": str(units), "FAKE_CALLS": str(calls)}
-        process = subprocess.Popen([sys.executable, str(SCRIPT), *args], env=env, stdin=subprocess.PIPE,
+        process = subprocess.Popen(host_module("serve_wait", *args), env=env, stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert process.stdin is not None
         process.stdin.write(servers if isinstance(servers, str) else json.dumps(servers))

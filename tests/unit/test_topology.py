@@ -17,12 +17,11 @@ from typer.testing import CliRunner
 
 from b70ctl.cli import app, main
 from b70ctl.errors import BadInput
-from b70ctl.host.facts import collect_facts
 from b70ctl.host.model import load_topology
-from b70ctl.host.topology import CCL_PROFILES, P2PDMA_HOST_BRIDGE_WHITELIST, TOPOLOGY_PATH, analyse, topology
+from b70host.facts import collect_facts
+from b70host.topology import CCL_PROFILES, P2PDMA_HOST_BRIDGE_WHITELIST, TOPOLOGY_PATH, analyse, topology
+from host_package import host_module
 from sysfs_trees import REPO, build_tree
-
-TOPOLOGY_SCRIPT = REPO / "control" / "b70ctl" / "host" / "topology.py"
 
 # scenario -> (profile, group, [(a, b, relation, acs, p2p, rule)]); each pair's outcome is P2PDMA's
 # (tests/fixtures/README.md). The profile is no-p2p on every tree: the kernel's yes is not proof, no probe opened peer
@@ -259,7 +258,7 @@ def test_the_whitelist_is_the_kernels() -> None:
 
 
 def test_whitelisted_pairs_across_host_bridges_need_the_flag_off() -> None:
-    from b70ctl.host.topology import host_bridge_whitelisted
+    from b70host.topology import host_bridge_whitelisted
 
     devices = {"pci0000:00": {"pci_id": "8086:3c00"}, "pci0000:80": {"pci_id": "8086:3c00"},
                "pci0000:16": {"pci_id": "8086:09a2"}, "pci0000:ca": {"pci_id": "8086:09a2"}}
@@ -291,9 +290,9 @@ def test_cli_json_and_the_standalone_script_agree(tmp_path: Path) -> None:
     assert cli.exit_code == 0, cli.output
     from_cli = json.loads(cli.stdout)
     assert from_cli["changed"] is True and from_cli["profile_source"] == "override"
-    # The host's python3 runs the file next to facts.py, outside the b70ctl package.
-    script = subprocess.run(["/usr/bin/env", "python3", str(TOPOLOGY_SCRIPT), "--root", root, "--write",
-                             "--profile", "no-p2p", "--probe", "never"],
+    # The host's python3 runs the host package's module, outside the b70ctl package.
+    script = subprocess.run(host_module("topology", "--root", root, "--write", "--profile", "no-p2p", "--probe",
+                                        "never"),
                             capture_output=True, text=True, check=True, cwd=tmp_path)
     from_script = json.loads(script.stdout)
     assert from_script["changed"] is False

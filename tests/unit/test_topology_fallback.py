@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from b70ctl.cli import app
 from b70ctl.host.model import TopologyDocument
-from b70ctl.host.topology import CCL_PROFILES, FALLBACK_PATH, apply_fallback, fallback_record, topology
+from b70host.topology import CCL_PROFILES, FALLBACK_PATH, apply_fallback, fallback_record, topology
+from host_package import host_module
 from sysfs_trees import REPO, build_tree
 
-TOPOLOGY_SCRIPT = REPO / "control" / "b70ctl" / "host" / "topology.py"
 B70CTL = Path(sys.executable).parent / "b70ctl"
 # The posted log of a dual-B70 TP=2 start (tests/fixtures/field/index.yaml, intel/llm-scaler #398).
 POSTED = REPO / "tests/fixtures/field/logs/s-llm-scaler-398-b70-awq-tp2-ipc.log"
@@ -118,9 +118,9 @@ def test_a_record_of_another_group_or_a_no_p2p_document_changes_nothing(tmp_path
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
-    """topology.py as the gpu_topology role runs it: the host's python3, the file alone."""
-    return subprocess.run([sys.executable, str(TOPOLOGY_SCRIPT), "--probe", "never", "--tensor-parallel-size", "2",
-                           *args], capture_output=True, text=True, cwd="/")
+    """topology.py as the gpu_topology role runs it: the host's python3, the host package alone."""
+    return subprocess.run(host_module("topology", "--probe", "never", "--tensor-parallel-size", "2", *args),
+                          capture_output=True, text=True, cwd="/")
 
 
 def test_the_host_stage_keeps_no_p2p_while_the_record_names_the_group(tmp_path: Path) -> None:

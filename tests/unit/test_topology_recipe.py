@@ -14,14 +14,12 @@ from typer.testing import CliRunner
 
 from b70ctl.cli import app, main
 from b70ctl.errors import BadInput
-from b70ctl.host.facts import collect_facts
 from b70ctl.host.memory import host_fit, usable_gpus
-from b70ctl.host.topology import (CCL_PROFILES, TOPOLOGY_PATH, PairTopology, Probe, all_pairs, analyse, decide,
-                                  topology)
 from b70ctl.recipes import load_recipe
+from b70host.facts import collect_facts
+from b70host.topology import CCL_PROFILES, TOPOLOGY_PATH, PairTopology, Probe, all_pairs, analyse, decide, topology
+from host_package import host_module
 from sysfs_trees import REPO, build_tree
-
-TOPOLOGY_SCRIPT = REPO / "control" / "b70ctl" / "host" / "topology.py"
 
 # docs/facts.md, Hardware: "Arc Pro B70 = Battlemage G31, PCI id 8086:e223 ... Arc Pro B60 = 8086:e211"; the B580
 # is 8086:e20b (G21 family "e202, e209, e20b-e20d, e210-e212, e215, e216").
@@ -67,14 +65,14 @@ def test_the_recipe_group_is_its_b70s_only_and_fit_agrees(tmp_path: Path, scenar
 def test_the_hosts_script_takes_the_recipes_ids(tmp_path: Path) -> None:
     """The gpu_topology role runs topology.py with the host's python3 and passes the ids as --pci-id."""
     root = build_tree(tmp_path, "b70x2-b60")
-    script = subprocess.run(["/usr/bin/env", "python3", str(TOPOLOGY_SCRIPT), "--root", root, "--probe", "never",
-                             "--tensor-parallel-size", "2", "--pci-id", B70_ID], capture_output=True, text=True,
-                            check=True, cwd=tmp_path)
+    script = subprocess.run(host_module("topology", "--root", root, "--probe", "never", "--tensor-parallel-size",
+                                        "2", "--pci-id", B70_ID), capture_output=True, text=True, check=True,
+                            cwd=tmp_path)
     from_script = json.loads(script.stdout)
     from_cli = cli_topology("--root", root, "--recipe", "pr620-fp8-tp2")
     assert from_script == from_cli
-    bad = subprocess.run(["/usr/bin/env", "python3", str(TOPOLOGY_SCRIPT), "--root", root, "--pci-id", "e223"],
-                         capture_output=True, text=True, cwd=tmp_path)
+    bad = subprocess.run(host_module("topology", "--root", root, "--pci-id", "e223"), capture_output=True,
+                         text=True, cwd=tmp_path)
     assert bad.returncode == 2
     assert bad.stderr == "error: --pci-id e223 is not vendor:device in hex (e.g. 8086:e223)\n"
 
@@ -190,8 +188,8 @@ def test_write_refuses_a_symlinked_etc_b70_leading_out_of_root(tmp_path: Path, m
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "outside --root" in lines[0] and "nothing was written" in lines[0], lines
     assert list(outside.iterdir()) == []
-    script = subprocess.run(["/usr/bin/env", "python3", str(TOPOLOGY_SCRIPT), "--root", str(root), "--write",
-                             "--probe", "never"], capture_output=True, text=True, cwd=tmp_path)
+    script = subprocess.run(host_module("topology", "--root", str(root), "--write", "--probe", "never"),
+                            capture_output=True, text=True, cwd=tmp_path)
     assert script.returncode == 2 and script.stderr.count("\n") == 1 and "outside --root" in script.stderr
     assert list(outside.iterdir()) == []
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from scripted_server import Script, ScriptedServer
 
 from b70ctl.checks.client import Endpoint
 from b70ctl.errors import BadInput
@@ -26,6 +25,7 @@ from b70ctl.tune.score import robust_score
 from b70ctl.tune.search import plan_rounds, successive_halving
 from b70ctl.tune.serving import CandidateFailed
 from b70ctl.tune.state import STATE_FILE, TuneState
+from scripted_server import Script, ScriptedServer
 
 CPU_TINY = load_recipe("cpu-tiny")  # draft model k 1..6 (default k=4) and four ngram candidates
 # The halving's tests: the draft model's k alone (six candidates), four workloads on the endpoint.
@@ -359,16 +359,15 @@ def test_the_plot_has_a_panel_per_knob_with_the_default_marked():
 def test_a_p2p_candidate_reaches_vllm_with_its_k_batched_tokens_and_threshold(tmp_path):
     """On a B70 host the candidate goes through render_container: its recipe knobs into argv, its oneCCL
     threshold over the P2P profile's own value, the rest of the profile untouched."""
-    from sysfs_trees import build_tree
-
     from b70ctl.host.model import load_topology
-    from b70ctl.host.topology import CCL_PROFILES, TOPOLOGY_PATH, topology
     from b70ctl.serve.render import ServeContext
     from b70ctl.tune.serving import candidate_command
+    from b70host.topology import CCL_PROFILES, TOPOLOGY_PATH, topology
+    from sysfs_trees import build_tree
 
     recipe = load_recipe("pr620-fp8-tp2")
     root = build_tree(tmp_path, "b70x2-switch")
-    # p2p only once a probe opened peer memory (host/topology.py); here the host's override after ze_peer passed.
+    # p2p only once a probe opened peer memory (b70host/topology.py); here the host's override after ze_peer passed.
     topology(root, 2, profile="p2p", probe="never", write=True)
     host = load_topology(Path(root) / TOPOLOGY_PATH.lstrip("/"))
     assert host.profile == "p2p"

@@ -10,16 +10,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
-from sysfs_trees import build_tree
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
 from b70ctl.errors import BadInput
 from b70ctl.host.environment import HostBundle, host_environment
-from b70ctl.host.topology import TOPOLOGY_PATH, topology
 from b70ctl.lock.model import load_recipe_and_lock
-from b70ctl.tune.model import FinalComparison, Figures, TunedSettings, TuneReport
+from b70ctl.tune.model import Figures, FinalComparison, TunedSettings, TuneReport
 from b70ctl.tune.render import tuned_yaml
+from b70host.topology import TOPOLOGY_PATH, topology
+from sysfs_trees import build_tree
 
 RUNNER = CliRunner()
 
@@ -81,7 +81,7 @@ def test_a_oneccl_threshold_applies_on_its_profile_only(tmp_path: Path):
         topology(root, 2, profile=profile, probe="never", write=True)
         return str(Path(root) / TOPOLOGY_PATH.lstrip("/"))
 
-    # p2p is chosen only once a probe opened peer memory (host/topology.py); without a GPU here the switch host
+    # p2p is chosen only once a probe opened peer memory (b70host/topology.py); without a GPU here the switch host
     # carries it as the override a host sets after ze_peer passed.
     p2p, no_p2p = host_topology("b70x2-switch", "p2p"), host_topology("b70x2-root-ports", "auto")
     document = tuned_document("pr620-fp8-tp2", threshold, profile="p2p")

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from b70ctl.errors import BadInput
-from b70ctl.host.topology import CCL_PROFILES
 from b70ctl.recipes import load_recipe, load_recipe_file, recipe_names, recipe_path
+from b70host.topology import CCL_PROFILES
 
 
 def _variant(tmp_path: Path, name: str, edit) -> Path:

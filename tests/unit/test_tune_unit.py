@@ -18,9 +18,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from scripted_server import ScriptedServer
-from test_hostile_inputs import HOSTILE_UNIT_VALUES, _render_unit, _systemd_split
-from test_tune import RECIPE, SERVED_RATES, steady_script
 
 from b70ctl.errors import BadInput
 from b70ctl.serve.local import free_port
@@ -35,6 +32,9 @@ from b70ctl.tune.unit import (
     systemd_exec_argument,
 )
 from b70ctl.verify import Terminated, _sigterm_ends_the_run
+from scripted_server import ScriptedServer
+from test_hostile_inputs import HOSTILE_UNIT_VALUES, _render_unit, _systemd_split
+from test_tune import RECIPE, SERVED_RATES, steady_script
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = "b70-vllm"
@@ -356,10 +356,10 @@ def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_
     import yaml
 
     from b70ctl.host.model import load_topology
-    from b70ctl.host.topology import topology
     from b70ctl.recipes import load_recipe
     from b70ctl.serve.render import render_xpu_container
     from b70ctl.tune.unit import ServingContainer
+    from b70host.topology import topology
     from sysfs_trees import build_tree
 
     tasks = yaml.safe_load((REPO / "roles/vllm_serve/tasks/render.yml").read_text())

@@ -190,8 +190,8 @@ def test_api_key_is_sent_but_never_written(servers, tmp_path):
 
 
 def test_raw_host_facts_read_under_a_root_prefix_mark_the_hardware_emulated(tmp_path):
-    from b70ctl.host.facts import collect_facts
     from b70ctl.verify import load_host_facts
+    from b70host.facts import collect_facts
     from sysfs_trees import sysfs
 
     root = sysfs.build("b70x2-switch", str(tmp_path / "tree"))

@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 
 from b70ctl.cli import app
 from b70ctl.errors import BadInput
-from b70ctl.host.facts import collect_facts
-from b70ctl.host.topology import TOPOLOGY_PATH, topology
 from b70ctl.image.build import save_archive
 from b70ctl.lock.model import appliance_hash, load_recipe_and_lock
 from b70ctl.report.model import Environment
 from b70ctl.verify import HOST_FACT_FIELDS
+from b70host.facts import collect_facts
+from b70host.topology import TOPOLOGY_PATH, topology
 from sysfs_trees import build_tree
 
 runner = CliRunner()
@@ -44,7 +44,7 @@ def invoke(*args: str, stdin: str | None = None) -> Outcome:
 @pytest.fixture()
 def p2p_host(tmp_path: Path) -> tuple[dict, str]:
     root = build_tree(tmp_path, "b70x2-switch")
-    # p2p only once a probe opened peer memory (host/topology.py): the host's override after ze_peer passed.
+    # p2p only once a probe opened peer memory (b70host/topology.py): the host's override after ze_peer passed.
     topology(root, tensor_parallel_size=2, profile="p2p", probe="never", write=True)
     return collect_facts(root), (Path(root) / TOPOLOGY_PATH.lstrip("/")).read_text()
 
@@ -170,26 +170,34 @@ def test_save_archive_names_by_id_is_atomic_and_done_once(tmp_path: Path) -> Non
     assert save_archive(client, image_id, tmp_path, lambda line: None) == archive and client.saves == 1
 
 
-def test_tiny_generator_runs_standalone_and_is_a_no_op_when_generated(tmp_path: Path) -> None:
-    """The model_store role runs tiny.py as a file (no b70ctl installed): with the spec already generated it must
-    answer without importing torch."""
+def test_fetching_generated_models_once_generated_is_a_no_op_naming_their_revisions(tmp_path: Path) -> None:
+    """The model_store role runs `model fetch` for cpu-tiny on the controller at every models stage: with the locked
+    spec already generated it answers without importing torch, and names each model by its generator record (the
+    revision /etc/b70/models.json carries)."""
+    import hashlib
+
     from b70ctl.models import tiny
 
-    spec = tiny.TinySpec(seed=7)
+    _, lock, _ = load_recipe_and_lock("cpu-tiny")
+    assert lock.target.generated is not None and lock.drafter.generated is not None
+    spec = tiny.TinySpec.model_validate(lock.target.generated.spec)
     for role in tiny.ROLES:
-        (tmp_path / "models" / role).mkdir(parents=True)
-        (tmp_path / "models" / role / "generator.json").write_text(json.dumps(
+        (tmp_path / "generated" / role).mkdir(parents=True)
+        (tmp_path / "generated" / role / "generator.json").write_text(json.dumps(
             {"generator_version": tiny.GENERATOR_VERSION, "spec": spec.model_dump(), "role": role}))
-    (tmp_path / "spec.json").write_text(spec.model_dump_json())
-    result = subprocess.run([sys.executable, "-S", "-c", (
-        "import sys; sys.path[:0] = [p for p in sys.argv[1:] if p]; import runpy\n"
-        f"sys.argv = ['tiny.py', {str(tmp_path / 'models')!r}, '--spec', {str(tmp_path / 'spec.json')!r}]\n"
-        "try:\n    runpy.run_path(%r, run_name='__main__')\nexcept SystemExit:\n    pass\n"
-        "print('torch' in sys.modules, file=sys.stderr)" % tiny.__file__),
-        *[p for p in sys.path if "site-packages" in p]], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1])["changed"] is False
-    assert result.stderr.strip().splitlines()[-1] == "False"
+    result = subprocess.run([sys.executable, "-c", (
+        "import sys\nfrom b70ctl.cli import main\nsys.argv = ['b70ctl', 'model', 'fetch', '--json', '--recipe', "
+        f"'cpu-tiny', '--dest', {str(tmp_path)!r}]\n"
+        "try:\n    main()\nexcept SystemExit as end:\n    print('torch' in sys.modules, end.code, file=sys.stderr)")],
+        capture_output=True, text=True, timeout=120)
+    assert result.stderr.strip().splitlines()[-1] == "False 0", result.stderr
+    fetched = json.loads(result.stdout)
+    assert fetched["changed"] is True  # the links target -> generated/target, drafter -> the recipe's draft
+    revisions = {model["role"]: model["revision"] for model in fetched["models"]}
+    for role, generated in (("target", lock.target.generated.role), ("drafter", lock.drafter.generated.role)):
+        assert (tmp_path / role).resolve() == tmp_path / "generated" / generated
+        record = (tmp_path / "generated" / generated / "generator.json").read_bytes()
+        assert revisions[role] == f"generated-{hashlib.sha256(record).hexdigest()[:12]}"
 
 
 def test_container_affinity_mask_counts_the_cards_the_container_is_given(p2p_host) -> None:

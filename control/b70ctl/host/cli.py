@@ -21,10 +21,12 @@ from rich.text import Text
 
 from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.host.facts import collect_facts
 from b70ctl.host.memory import KV_CACHE_GIB_MIN, host_fit
 from b70ctl.host.model import load_facts
-from b70ctl.host.topology import (
+from b70ctl.options import JsonOption, json_option
+from b70ctl.recipes import load_recipe
+from b70host.facts import collect_facts
+from b70host.topology import (
     FALLBACK_PATH,
     PROFILE_CHOICES,
     TOPOLOGY_PATH,
@@ -32,8 +34,6 @@ from b70ctl.host.topology import (
     fallback_record,
     topology,
 )
-from b70ctl.options import JsonOption, json_option
-from b70ctl.recipes import load_recipe
 
 app = typer.Typer(no_args_is_help=True, help="Host hardware: GPU inventory, PCIe P2P topology, memory fit.")
 

@@ -1,7 +1,7 @@
 """A host's serving environment, as a report records it: one mapping from what the appliance leaves on a host
 to the report's Environment fields.
 
-The replication_check role gathers, per host, the b70 Ansible fact (GPU inventory from sysfs, host/facts.py),
+The replication_check role gathers, per host, the b70 Ansible fact (GPU inventory from sysfs, b70host/facts.py),
 /etc/b70/topology.json (oneCCL profile), /etc/b70/image.json (dspark_image role), /etc/b70/models.json
 (model_store role) and the compute runtime's package version, and pipes them here as one bundle; the output is
 the host_facts.json that `b70ctl verify --host-facts` and the fleet report read.
@@ -26,7 +26,7 @@ class HostBundle(Document):
     """What the role collects on a host; every part may be missing (a host stage that has not run yet)."""
 
     hostname: str | None = None
-    facts: FactsDocument | None = Field(None, description="The b70 fact (host/facts.py output)")
+    facts: FactsDocument | None = Field(None, description="The b70 fact (b70host/facts.py output)")
     topology: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/topology.json")
     image: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/image.json")
     models: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/models.json")

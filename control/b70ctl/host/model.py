@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from b70ctl.documents import Pinned as _Model
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, read_json_object
-from b70ctl.host.topology import CCL_PROFILES, TOPOLOGY_SCHEMA_VERSION
+from b70host.topology import CCL_PROFILES, TOPOLOGY_SCHEMA_VERSION
 
 Profile = Literal["p2p", "no-p2p"]
 
@@ -90,7 +90,7 @@ class TopologyDocument(_Model):
     auto_profile: Profile
     profile_source: Literal["auto", "override", "fallback"] = Field(
         description="auto: the topology's own choice; override: the host's b70_ccl_profile; fallback: the serve "
-                    "gate's record of a p2p start that died (host/topology.py FALLBACK_PATH)")
+                    "gate's record of a p2p start that died (b70host/topology.py FALLBACK_PATH)")
     fallback: dict[str, Any] | None = Field(None, description="That record, when profile_source is fallback")
     tensor_parallel_size: int = Field(ge=1)
     group: list[int] = Field(description="Indices (PCI order) of the GPUs the server uses")

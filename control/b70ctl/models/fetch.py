@@ -15,8 +15,10 @@ Downloads use huggingface_hub's own URL, headers, retrying `http_get` and progre
 in huggingface_hub 2.4 it writes to a process-unique temp file and deletes it on any failure
 (file_download._download_to_tmp_and_move), so an interrupted run could never resume.
 
-cpu-tiny's models are generated on the host (b70ctl.models.tiny) instead: DEST/generated/, linked as
-DEST/target and DEST/drafter.
+cpu-tiny's models are generated instead (b70ctl.models.tiny, seeded, in this Python: vLLM's CPU build brings the
+torch and transformers it needs): DEST/generated/, linked as DEST/target and DEST/drafter, each with the revision
+`generated-<sha256 of its generator.json, 12 digits>`. The model_store role does this once on the controller and
+sends the files to every host like fetched ones, so a fleet serves one set of bytes.
 """
 
 from __future__ import annotations
@@ -276,7 +278,7 @@ def fetch_model(pin: ModelPin, dest: Path, source: Source, source_dir: Path | No
 
 
 def _generate(recipe: Recipe, lock: Lock, dest: Path) -> list[ModelOutcome]:
-    """cpu-tiny: generate on the host from the locked spec, expose as DEST/target and DEST/drafter."""
+    """cpu-tiny: generate from the locked spec, expose as DEST/target and DEST/drafter."""
     from b70ctl.models.tiny import TinySpec, generate
 
     missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
@@ -302,7 +304,9 @@ def _generate(recipe: Recipe, lock: Lock, dest: Path) -> list[ModelOutcome]:
                 raise BadInput(f"{link} is a directory, not the link to {wanted}: move it away and re-run")
             link.symlink_to(wanted, target_is_directory=True)
             changed = True
-        outcomes.append(ModelOutcome(role=pin.role, path=str(link), revision=None, changed=changed,
+        generator = sha256_file(dest / wanted / "generator.json")
+        outcomes.append(ModelOutcome(role=pin.role, path=str(link), revision=f"generated-{generator[:12]}",
+                                     changed=changed,
                                      files=[FileOutcome(path=str(wanted), action="generated", size_bytes=0)]
                                      if changed else []))
     return outcomes

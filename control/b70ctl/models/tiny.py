@@ -221,22 +221,3 @@ def generate(out_dir: Path, spec: TinySpec | None = None) -> dict[str, Any]:
     perturbed = _perturbed_copy(model, spec.perturbation_std, spec.seed)
     _save(perturbed, tokenizer, spec, paths["draft-perturbed"], "draft-perturbed", {})
     return {"changed": True, "paths": {k: str(v) for k, v in paths.items()}, "final_loss": final_loss}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point: the model_store role runs this file inside the recipe's vLLM image on the host
-    (which has torch and transformers), so the models are generated where they are served, without b70ctl."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Generate the cpu-tiny target and drafts (a re-run is a no-op).")
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--spec", type=Path, help="JSON file with the recipe's tiny spec (default: TinySpec())")
-    args = parser.parse_args(argv)
-    spec = TinySpec.model_validate_json(args.spec.read_text()) if args.spec else TinySpec()
-    result = generate(args.out_dir, spec)
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

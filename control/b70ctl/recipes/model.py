@@ -316,7 +316,7 @@ class IntRange(Strict):
         return list(range(self.low, self.high + 1))
 
 
-# The oneCCL variables of a profile that tuning may move (host/topology.py CCL_PROFILES writes the profiles). Only
+# The oneCCL variables of a profile that tuning may move (b70host/topology.py CCL_PROFILES writes the profiles). Only
 # the P2P profile's message-size thresholds: they choose between algorithms that all work over peer access. The
 # no-P2P profile's SIMPLE thresholds stay at 4 GiB: a lower one sends collectives down the peer IPC path that fails
 # without P2P (zeMemOpenIpcHandle, docs/facts.md, P2P and the no-P2P path).

@@ -236,7 +236,7 @@ class DiagnosedFailure(Model):
 
 
 class MemoryBandwidth(Model):
-    """The serving machine's memory bandwidth as a copy measured it there (host/roofline_inputs.py)."""
+    """The serving machine's memory bandwidth as a copy measured it there (b70host/roofline_inputs.py)."""
 
     bytes_per_s: float = Field(gt=0)
     method: str
@@ -245,7 +245,7 @@ class MemoryBandwidth(Model):
 
 
 class TargetShape(Model):
-    """The served target as its files on the serving host say (host/roofline_inputs.py): the bytes of its weight
+    """The served target as its files on the serving host say (b70host/roofline_inputs.py): the bytes of its weight
     tensors and what the KV cache's size per token follows from (config.json, transformers' Qwen3Config names)."""
 
     directory: str
@@ -263,7 +263,7 @@ class TargetShape(Model):
 
 
 class RooflineInputs(Model):
-    """roofline_inputs.json: what host/roofline_inputs.py printed on the serving host, each input or why it is
+    """roofline_inputs.json: what b70host/roofline_inputs.py printed on the serving host, each input or why it is
     missing; `b70ctl verify --roofline-inputs` records it in the report's environment."""
 
     memory_bandwidth: MemoryBandwidth | None = None

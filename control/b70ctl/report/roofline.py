@@ -12,7 +12,7 @@ it is read per token, unless it is tied to the output head), replicated tensors,
 layers. The bound is a ceiling the engine cannot pass, not a rate it should reach.
 
 Bandwidth: a B70's from docs/facts.md for xpu recipes; for cpu recipes the serving machine's, measured there by a
-copy (host/roofline_inputs.py). An input that is missing leaves the bound "not measured", saying why.
+copy (b70host/roofline_inputs.py). An input that is missing leaves the bound "not measured", saying why.
 """
 
 from __future__ import annotations

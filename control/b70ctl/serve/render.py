@@ -15,8 +15,8 @@ from pydantic import Field
 
 from b70ctl.documents import Pinned
 from b70ctl.host.model import TopologyDocument
-from b70ctl.host.topology import CCL_PROFILES
 from b70ctl.recipes.model import Recipe
+from b70host.topology import CCL_PROFILES
 
 # vLLM reads the API key from this variable; passing --api-key would put the secret in argv (visible in ps).
 API_KEY_ENV = "VLLM_API_KEY"

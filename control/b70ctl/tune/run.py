@@ -59,7 +59,7 @@ def default_overrides(recipe: Recipe, knobs: dict[str, list[int | str]], profile
         elif name == "max_num_batched_tokens":
             values[name] = recipe.serve.max_num_batched_tokens
         else:  # a oneCCL threshold: the active profile's value
-            from b70ctl.host.topology import CCL_PROFILES
+            from b70host.topology import CCL_PROFILES
 
             value = CCL_PROFILES.get(profile or "", {}).get("env", {}).get(name)
             values[name] = int(value) if value is not None else None

@@ -22,7 +22,7 @@ SIMPLE_THRESHOLD fallback confirmed on dual B70); `profile_reason` says which an
 (`--profile`, Ansible var) once ze_peer has passed on it. CCL_PROFILES below is the one place the profiles' env vars and
 docker flags are written; the serve renderer reads it (or the copy written into /etc/b70/topology.json).
 
-Standard library only, like facts.py, so both files can run on a host with just python3.
+Standard library only, like the rest of the b70host package: it runs on a host with just python3.
 """
 
 from __future__ import annotations
@@ -37,19 +37,12 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Final, List, Optional, Sequence, Tuple
 
-if __package__:
-    from b70ctl.errors import BadInput as _Refusal
-    from b70ctl.host import level_zero
-    from b70ctl.host.facts import collect_facts
-else:  # run as a script next to facts.py and level_zero.py on a host
-    import level_zero  # type: ignore[no-redef,import-not-found]
-    from facts import collect_facts  # type: ignore[no-redef,import-not-found]
-
-    _Refusal = Exception  # type: ignore[misc,assignment]
+from b70host import BadInput, level_zero
+from b70host.facts import collect_facts
 
 
-class TopologyRefused(_Refusal):
-    """Nothing was written: one line and exit 2 (b70ctl's BadInput; main() below when run as a script)."""
+class TopologyRefused(BadInput):
+    """Nothing was written: one line and exit 2 (b70ctl's BadInput; main() below when run on a host)."""
 
 # 2: each pair names the P2PDMA rule that decided it; the document records the CPU and host bridges it used.
 # Later additions (profile_reason, gpu_pci_ids, a probe's peer_memory_opened) are optional fields of schema 2.
