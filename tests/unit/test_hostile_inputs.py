@@ -862,7 +862,10 @@ def yaml_load(path: Path) -> list[dict]:
 
 
 def _render_unit(recipe_name: str, exec_argv: list[str], unit: str = "vllm-b70", user: str = "root") -> str:
+    """The role's unit template with its filters, ExecStart as `b70ctl serve render --unit` writes it."""
     import importlib.util
+
+    from b70ctl.serve.unit import exec_start_line
 
     import jinja2
 
@@ -875,7 +878,7 @@ def _render_unit(recipe_name: str, exec_argv: list[str], unit: str = "vllm-b70",
     template = environment.from_string((REPO / "roles/vllm_serve/templates/vllm.service.j2").read_text())
     return template.render(ansible_managed="managed", b70_recipe_spec={"name": recipe_name},
                            vllm_serve_server={"baseline": False, "port": 8000, "unit": unit},
-                           b70_service_user=user, vllm_serve_exec=exec_argv)
+                           b70_service_user=user, vllm_serve_exec_line=exec_start_line(exec_argv))
 
 
 HOSTILE_UNIT_VALUES = {

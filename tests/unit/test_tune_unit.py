@@ -20,17 +20,12 @@ from pathlib import Path
 import pytest
 
 from b70ctl.errors import BadInput
+from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import free_port
-from b70ctl.serve.render import ServeContext, render_container
+from b70ctl.serve.render import render_container
 from b70ctl.tune.run import run_tune
-from b70ctl.tune.unit import (
-    ApplianceHost,
-    HostCommandFailed,
-    LocalShell,
-    SshShell,
-    SystemdUnitServing,
-    systemd_exec_argument,
-)
+from b70ctl.serve.unit import ServingContainer, systemd_exec_argument
+from b70ctl.tune.unit import ApplianceHost, HostCommandFailed, LocalShell, SshShell, SystemdUnitServing
 from b70ctl.verify import Terminated, _sigterm_ends_the_run
 from scripted_server import ScriptedServer
 from test_hostile_inputs import HOSTILE_UNIT_VALUES, _render_unit, _systemd_split
@@ -80,23 +75,22 @@ class EmulatedHost:
         return self.root / absolute.lstrip("/")
 
     def install(self) -> list[str]:
-        """What roles/vllm_serve leaves: env file, container.json, the unit from the real template."""
-        prefix = ["/usr/bin/docker", "run", "--rm", "--name", UNIT, "--env-file", f"{CONFIG_DIR}/{UNIT}.env",
-                  "--volume", "/var/lib/b70/models:/models:ro", "--label", "org.b70.models=0123456789abcdef"]
-        context = ServeContext(model_dir="/models/tiny-target", drafter_dir="/models/tiny-drafter",
-                               host="0.0.0.0", port=self.port)
-        rendered = render_container(RECIPE, context, None)
-        exec_argv = prefix + rendered.docker_args + ["sha256:image"] + rendered.argv
+        """What roles/vllm_serve leaves: env file, container.json, the unit from the real template, with the
+        ExecStart and the record `b70ctl serve render --unit` gives the role."""
+        container = ServingContainer(unit=UNIT, image="sha256:image", env_file=f"{CONFIG_DIR}/{UNIT}.env",
+                                     models_dir="/var/lib/b70/models", models_label="0123456789abcdef",
+                                     model_dir="/models/tiny-target", drafter_dir="/models/tiny-drafter",
+                                     port=self.port)
+        rendered = render_container(RECIPE, container.context(speculative=True), None)
+        exec_argv = container.exec_start(rendered)
+        assert exec_argv[:6] == ["/usr/bin/docker", "run", "--rm", "--name", UNIT, "--env-file"]
         unit = self.path(f"/etc/systemd/system/{UNIT}.service")
         unit.parent.mkdir(parents=True)
         unit.write_text(_render_unit(RECIPE.name, exec_argv, unit=UNIT))
         config = self.path(CONFIG_DIR)
         config.mkdir(parents=True)
         (config / f"{UNIT}.env").write_text("".join(f"{k}={v}\n" for k, v in sorted(rendered.env.items())))
-        (config / f"{UNIT}.container.json").write_text(json.dumps({
-            "exec_prefix": prefix, "env_file": f"{CONFIG_DIR}/{UNIT}.env", "image": "sha256:image",
-            "model_dir": "/models/tiny-target", "drafter_dir": "/models/tiny-drafter", "port": self.port,
-            "extra_env": {}}))
+        (config / f"{UNIT}.container.json").write_text(container.model_dump_json(indent=2))
         self.unit_text = unit.read_text()
         return exec_argv
 
@@ -285,16 +279,15 @@ def test_a_host_the_serving_stage_has_not_prepared_is_refused(host_factory):
     assert emulated.active == {UNIT, BASELINE_UNIT}  # nothing was touched
 
 
-@pytest.mark.parametrize("name", HOSTILE_UNIT_VALUES)
-def test_the_drop_in_quotes_like_the_roles_filter(name):
+def test_the_roles_filter_is_the_drop_ins_quoting():
+    """One author: the role's Jinja filter is b70ctl's function, not a copy held equal by a test."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("systemd_quote",
                                                   REPO / "roles/vllm_serve/filter_plugins/systemd_quote.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    value = HOSTILE_UNIT_VALUES[name] + "\x01\x7f"
-    assert systemd_exec_argument(value) == module.systemd_exec_argument(value)
+    assert module.FilterModule().filters()["systemd_exec_argument"] is systemd_exec_argument
 
 
 def test_ssh_carries_each_argument_whole_and_sudo_for_another_user():
@@ -348,40 +341,70 @@ def test_a_candidate_systemd_refuses_to_start_is_disqualified_not_a_crash(host_f
 
 
 def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_path):
-    """roles/vllm_serve/tasks/render.yml's <unit>.container.json, rendered as the role does, validates as
-    ServingContainer, and a candidate's render mounts the role's compile-cache directory with the role's NEO cap:
-    a tune's restarts reuse what the served configuration compiled (the field reports' "every restart
+    """roles/vllm_serve/tasks/render.yml runs `b70ctl serve render --unit` per server and copies the speculative
+    server's `container` into <unit>.container.json: it validates as ServingContainer, reproduces the unit's
+    ExecStart, and a candidate's render mounts the role's compile-cache directory with the role's NEO cap: a
+    tune's restarts reuse what the served configuration compiled (the field reports' "every restart
     recompiles")."""
-    import jinja2
     import yaml
+    from typer.testing import CliRunner
 
+    from b70ctl.cli import app
     from b70ctl.host.model import load_topology
-    from b70ctl.recipes import load_recipe
     from b70ctl.serve.render import render_xpu_container
-    from b70ctl.tune.unit import ServingContainer
     from b70host.topology import topology
     from sysfs_trees import build_tree
 
     tasks = yaml.safe_load((REPO / "roles/vllm_serve/tasks/render.yml").read_text())
-    task = next(task for task in tasks if task["name"] == "Record the speculative server's container for a tune")
-    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    environment.filters.update(to_nice_json=lambda value: json.dumps(value, indent=4), int=int)
-    variables = {"vllm_serve_exec_prefixes": {UNIT: ["/usr/bin/docker", "run", "--rm"]}, "vllm_serve_unit": UNIT,
-                 "vllm_serve_config_dir": CONFIG_DIR, "vllm_serve_image": {"id": "sha256:image"},
-                 "vllm_serve_model_dirs": {"target": "/models/target", "drafter": "/models/drafter"},
-                 "vllm_serve_port": 8000, "vllm_serve_extra_env": {}, "vllm_serve_compile_cache_dir": "/srv/b70-cache",
-                 "vllm_serve_compile_cache_neo_max_bytes": str(2**30)}
-    container = ServingContainer.model_validate_json(
-        environment.from_string(task["ansible.builtin.copy"]["content"]).render(**variables))
-    assert (container.compile_cache_dir, container.neo_cache_max_bytes) == ("/srv/b70-cache", 2**30)
+    record = next(task for task in tasks if task["name"] == "Record the speculative server's container for a tune")
+    assert "rejectattr('item.baseline')" in record["ansible.builtin.copy"]["content"]
+    assert ").container" in record["ansible.builtin.copy"]["content"]
+    render = next(task for task in tasks if task["name"] == "Render the serve commands on the controller")
+    for flag in ("'--unit'", "'--image'", "'--env-file'", "'--models-record'", "'--api-key-env-file'"):
+        assert flag in render["ansible.builtin.command"]["argv"], flag
 
-    recipe = load_recipe("dspark-int4-tp1")
     root = build_tree(tmp_path, "b70-igpu")
     topology(root, 1, probe="never", write=True)
-    document = load_topology(Path(root) / "etc/b70/topology.json")
-    servers = SystemdUnitServing(recipe, ApplianceHost(name="b70-1", address="127.0.0.1", connection="local",
-                                                      unit=UNIT, port=8000, config_dir=CONFIG_DIR), None)
-    servers.container = container
-    command = render_xpu_container(recipe, servers._context(speculative=True), document)
+    topology_file = Path(root) / "etc/b70/topology.json"
+    models = {"target": {"path": "/var/lib/b70/models/dspark/target", "revision": "a" * 40},
+              "drafter": {"path": "/var/lib/b70/models/dspark/drafter", "revision": "b" * 40}}
+    result = CliRunner().invoke(app, [
+        "serve", "render", "--json", "--recipe", "dspark-int4-tp1", "--topology", str(topology_file),
+        "--compile-cache-dir", "/srv/b70-cache", "--neo-cache-max-bytes", str(2**30), "--unit", UNIT,
+        "--image", "sha256:image", "--env-file", f"{CONFIG_DIR}/{UNIT}.env", "--models-record", json.dumps(models),
+        "--api-key-env-file", f"{CONFIG_DIR}/api-key.env", "--env", "SITE_SETTING=1"])
+    assert result.exit_code == 0, result.output
+    rendered = json.loads(result.stdout)
+    container = ServingContainer.model_validate(rendered["container"])
+    assert (container.compile_cache_dir, container.neo_cache_max_bytes) == ("/srv/b70-cache", 2**30)
+    assert container.models_dir == "/var/lib/b70/models/dspark" and container.extra_env == {"SITE_SETTING": "1"}
+    assert rendered["exec_start"][:8] == ["/usr/bin/docker", "run", "--rm", "--name", UNIT, "--env-file",
+                                          f"{CONFIG_DIR}/{UNIT}.env", "--env-file"]
+    assert "/var/lib/b70/models/dspark:/models:ro" in rendered["exec_start"]
+    assert rendered["exec_start"][-len(rendered["argv"]):] == rendered["argv"]
+    assert _systemd_split(rendered["exec_start_line"]) == rendered["exec_start"]
+
+    recipe = load_recipe("dspark-int4-tp1")
+    document = load_topology(topology_file)
+    command = render_xpu_container(recipe, container.context(speculative=True), document)
+    assert container.exec_start(command) == rendered["exec_start"]  # the tune's ExecStart is the role's
     assert "/srv/b70-cache/neo:/var/cache/b70/neo" in command.docker_args
     assert command.env["NEO_CACHE_MAX_SIZE"] == str(2**30)
+
+
+def test_a_unit_needs_its_image_environment_and_model_store():
+    """BadInput (main() turns it into exit 2), naming the flags and the fix."""
+    from typer.testing import CliRunner
+
+    from b70ctl.cli import app
+
+    runner = CliRunner()
+    missing = runner.invoke(app, ["serve", "render", "--json", "--recipe", "cpu-tiny", "--unit", UNIT])
+    assert isinstance(missing.exception, BadInput)
+    assert "--unit b70-vllm needs --image, --env-file, --models-record" in str(missing.exception)
+    stray = runner.invoke(app, ["serve", "render", "--recipe", "cpu-tiny", "--image", "sha256:image"])
+    assert isinstance(stray.exception, BadInput) and "give --unit NAME" in str(stray.exception)
+    relative = runner.invoke(app, ["serve", "render", "--recipe", "cpu-tiny", "--unit", UNIT, "--image", "x",
+                                   "--env-file", "/e", "--models-record", '{"target": {"path": "models/t"}}'])
+    assert isinstance(relative.exception, BadInput)
+    assert "--models-record: target.path is not an absolute path" in str(relative.exception)

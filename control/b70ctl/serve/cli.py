@@ -17,6 +17,7 @@ from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, env_problem
 from b70ctl.serve.render import DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeContext, render_container
+from b70ctl.serve.unit import ServingContainer, models_label, serve_unit, store_directory
 
 app = typer.Typer(no_args_is_help=True, help="The vLLM serve command, rendered from recipe and host facts.")
 
@@ -59,6 +60,34 @@ def _with_site_env(recipe: Recipe, env: dict[str, str]) -> Recipe:
         raise BadInput(f"recipe {recipe.name} with {names}: {reason} (drop it from vllm_serve_extra_env)") from error
 
 
+def _container(unit: str, image: str | None, env_file: str | None, api_key_env_file: str | None,
+               models_record: str | None, context: ServeContext, site_env: dict[str, str]) -> ServingContainer:
+    """The unit's container; extra_env is the site's alone: a tune renders each candidate from the recipe again,
+    so the served configuration's tuned settings must not carry into it."""
+    missing = [flag for flag, value in (("--image", image), ("--env-file", env_file),
+                                        ("--models-record", models_record)) if not value]
+    if missing:
+        raise BadInput(f"--unit {unit} needs {', '.join(missing)}: the unit's ExecStart runs that image with that "
+                       "environment file and mounts that model store")
+    assert image is not None and env_file is not None and models_record is not None
+    try:
+        record = json.loads(models_record)
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+        store = store_directory(record)
+    except ValueError as error:  # json.JSONDecodeError is a ValueError
+        raise BadInput(f"--models-record: {error}: pass the host's /etc/b70/models.json (the model_store role "
+                       "writes it)") from error
+    try:
+        return ServingContainer(unit=unit, image=image, env_file=env_file, api_key_env_file=api_key_env_file,
+                                models_dir=store, models_label=models_label(record), model_dir=context.model_dir,
+                                drafter_dir=context.drafter_dir, port=context.port, extra_env=site_env,
+                                compile_cache_dir=context.compile_cache_dir,
+                                neo_cache_max_bytes=context.neo_cache_max_bytes)
+    except ValidationError as error:
+        raise BadInput(f"--unit {unit}: {first_problem(error)}") from error
+
+
 @app.command("render")
 def render(
     recipe: Annotated[str, typer.Option(help="Recipe name or recipe file")],
@@ -80,6 +109,16 @@ def render(
     ] = DEFAULT_COMPILE_CACHE_DIR,
     neo_cache_max_bytes: Annotated[int, typer.Option(help="XPU: NEO_CACHE_MAX_SIZE of the kernel cache, bytes")
                                    ] = DEFAULT_NEO_CACHE_MAX_BYTES,
+    unit: Annotated[str | None, typer.Option(
+        help="Also give the systemd unit's whole ExecStart and its container record (with --json: exec_start, "
+             "exec_start_line, container); needs --image, --env-file and --models-record")] = None,
+    image: Annotated[str | None, typer.Option(help="--unit: the image id the unit serves")] = None,
+    env_file: Annotated[str | None, typer.Option(help="--unit: the unit's environment file on the host")] = None,
+    api_key_env_file: Annotated[str | None, typer.Option(
+        help="--unit: the host file holding VLLM_API_KEY (when the server has a key)")] = None,
+    models_record: Annotated[str | None, typer.Option(
+        help="--unit: the host's /etc/b70/models.json as JSON (its target's directory is mounted at /models)")
+    ] = None,
 ) -> None:
     """The server's command line, environment and docker options: the one rendering every consumer uses."""
     from b70ctl.tune.applied import apply_tuned, parse_tuned
@@ -106,6 +145,16 @@ def render(
     except ValueError as error:
         raise BadInput(f"{error}: pass --topology /etc/b70/topology.json of a host with enough GPUs, or choose a "
                        "recipe that fits") from error
+    if unit is not None:
+        served = serve_unit(command, _container(unit, image, env_file, api_key_env_file, models_record, context,
+                                                 site_env))
+        if as_json:
+            sys.stdout.write(served.model_dump_json(indent=2) + "\n")
+        else:
+            sys.stdout.write(f"ExecStart={served.exec_start_line}\n")
+        return
+    if any(value is not None for value in (image, env_file, api_key_env_file, models_record)):
+        raise BadInput("--image, --env-file, --api-key-env-file and --models-record describe a unit: give --unit NAME")
     if as_json:
         sys.stdout.write(json.dumps(command.model_dump(), indent=2) + "\n")
         return

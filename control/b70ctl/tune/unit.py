@@ -37,13 +37,8 @@ from b70ctl.documents import Document
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.model import TopologyDocument
 from b70ctl.recipes.model import Recipe
-from b70ctl.serve.render import (
-    DEFAULT_COMPILE_CACHE_DIR,
-    DEFAULT_NEO_CACHE_MAX_BYTES,
-    ServeCommand,
-    ServeContext,
-    render_container,
-)
+from b70ctl.serve.render import ServeCommand, ServeContext, render_container
+from b70ctl.serve.unit import ServingContainer, exec_start_line
 from b70ctl.tune.model import Candidate
 from b70ctl.tune.serving import CandidateFailed, candidate_command, server_name
 
@@ -146,59 +141,11 @@ class SshShell:
         return _completed(argv, completed)
 
 
-class ServingContainer(Document):
-    """What roles/vllm_serve records beside the unit (<config_dir>/<unit>.container.json): the parts of its
-    ExecStart that do not come from the render, and the render's inputs, so a candidate's ExecStart is the
-    role's with only the rendered parts (docker options, server arguments, environment) replaced."""
-
-    exec_prefix: list[str] = Field(min_length=1, description="docker run ... up to the rendered docker options")
-    env_file: str = Field(description="The unit's environment file, one of exec_prefix's --env-file values")
-    image: str
-    model_dir: str = Field(description="Target directory as the container sees it (--model-dir of the render)")
-    drafter_dir: str | None = None
-    port: int = Field(ge=1, le=65535)
-    extra_env: dict[str, str] = Field(default_factory=dict, description="vllm_serve_extra_env")
-    # The compile caches the role mounts (vllm_serve_compile_cache_*): a candidate reuses the unit's, so a tune's
-    # restarts do not recompile what the served configuration already compiled. Absent in a record written
-    # before the role kept them: the renderer's defaults, which are the role's.
-    compile_cache_dir: str = DEFAULT_COMPILE_CACHE_DIR
-    neo_cache_max_bytes: int = Field(DEFAULT_NEO_CACHE_MAX_BYTES, ge=0)
-
-
-# systemd's ExecStart quoting, as roles/vllm_serve/filter_plugins/systemd_quote.py writes the role's unit (a test
-# holds the two to the same output): double-quoted, C escapes for control characters, % and $ doubled.
-_CONTROL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\", '"': '\\"', "%": "%%", "$": "$$"}
-
-
-def systemd_exec_argument(value: str) -> str:
-    out = []
-    for character in value:
-        if character in _CONTROL_ESCAPES:
-            out.append(_CONTROL_ESCAPES[character])
-        elif ord(character) < 32 or ord(character) == 127:
-            out.append(f"\\x{ord(character):02x}")
-        else:
-            out.append(character)
-    return '"' + "".join(out) + '"'
-
-
-def candidate_exec(container: ServingContainer, command: ServeCommand, env_file: str) -> list[str]:
-    """The role's ExecStart with the candidate's rendered parts and its own environment file."""
-    prefix = list(container.exec_prefix)
-    swapped = [index + 1 for index, part in enumerate(prefix[:-1])
-               if part == "--env-file" and prefix[index + 1] == container.env_file]
-    if len(swapped) != 1:
-        raise BadInput(f"the recorded ExecStart does not pass {container.env_file} once as --env-file: run the "
-                       "serving stage again (playbooks/serve.yml) before tuning")
-    prefix[swapped[0]] = env_file
-    return prefix + command.docker_args + [container.image] + command.argv
-
-
 def drop_in_text(label: str, exec_argv: list[str]) -> str:
     """The runtime drop-in serving one candidate: ExecStart emptied, then the candidate's."""
     shown = " ".join(label.split()).replace("%", "%%")
     return (f"# b70ctl tune is serving {shown} through this unit; the drop-in goes when the tune ends, or at reboot.\n"
-            "[Service]\nExecStart=\nExecStart=" + " ".join(systemd_exec_argument(part) for part in exec_argv) + "\n")
+            "[Service]\nExecStart=\nExecStart=" + exec_start_line(exec_argv) + "\n")
 
 
 def env_file_text(env: dict[str, str]) -> str:
@@ -363,15 +310,11 @@ class SystemdUnitServing:
 
     def _context(self, speculative: bool) -> ServeContext:
         assert self.container is not None, "use SystemdUnitServing as a context manager"
-        return ServeContext(model_dir=self.container.model_dir, drafter_dir=self.container.drafter_dir,
-                            host="0.0.0.0", port=self.container.port, speculative=speculative,
-                            extra_env=self.container.extra_env,
-                            compile_cache_dir=self.container.compile_cache_dir,
-                            neo_cache_max_bytes=self.container.neo_cache_max_bytes)
+        return self.container.context(speculative)
 
     def _serve(self, label: str, command: ServeCommand) -> Iterator[Endpoint]:
         assert self.container is not None
-        exec_argv = candidate_exec(self.container, command, self.env_file)
+        exec_argv = self.container.exec_start(command, env_file=self.env_file)
         # 0644 like the role's: the docker CLI reads it as the unit's User= (the API key has a file of its own).
         self._write(self.env_file, env_file_text(command.env), "0644")
         self.shell.run(["mkdir", "-p", self.drop_in_dir])

@@ -1,0 +1,125 @@
+"""The serving unit's ExecStart, written once: the `docker run` command systemd starts, and its quoting.
+
+`b70ctl serve render --unit NAME ... --json` prints, beside the render, the whole ExecStart (`exec_start`, and
+`exec_start_line` as the unit file holds it) and the container document the vllm_serve role records beside the
+speculative server's unit (<config_dir>/<unit>.container.json). The role copies both; `b70ctl tune` reads the
+document back and serves each candidate through the same unit with a drop-in whose ExecStart comes from the same
+ServingContainer.exec_start, with the candidate's render and environment file. The role's Jinja filters
+(roles/vllm_serve/filter_plugins/systemd_quote.py) are these functions.
+
+Quoting is systemd's (systemd.syntax(7), systemd.service(7) "Command lines"): each argument double-quoted, backslash
+and double quote escaped, control characters as C escapes, % (specifiers) and $ (environment expansion) doubled, so
+systemd reads back exactly the value and no value can end the line, open a quote or expand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import PurePosixPath
+from typing import Any
+
+from pydantic import Field
+
+from b70ctl.documents import Document
+from b70ctl.serve.render import DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext
+
+DOCKER = "/usr/bin/docker"
+# Where the container sees the host's model store (read-only); the render's --model-dir/--drafter-dir are below it.
+CONTAINER_MODELS_DIR = "/models"
+# The label naming what models the container serves: a new models.json changes the ExecStart, so the unit restarts.
+MODELS_LABEL = "org.b70.models"
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\", '"': '\\"', "%": "%%", "$": "$$"}
+
+
+def systemd_exec_argument(value: object) -> str:
+    """One command-line argument of ExecStart= (or ExecStop=), double-quoted and escaped."""
+    out = []
+    for character in str(value):
+        if character in _ESCAPES:
+            out.append(_ESCAPES[character])
+        elif ord(character) < 32 or ord(character) == 127:
+            out.append(f"\\x{ord(character):02x}")
+        else:
+            out.append(character)
+    return '"' + "".join(out) + '"'
+
+
+def systemd_text(value: object) -> str:
+    """Free text in a setting's value or a comment (Description=): one line, specifiers taken literally."""
+    text = " ".join(str(value).split())
+    return "".join(character for character in text if ord(character) >= 32 and ord(character) != 127) \
+        .replace("%", "%%")
+
+
+def exec_start_line(argv: list[str]) -> str:
+    """ExecStart='s value: the arguments quoted, space-separated."""
+    return " ".join(systemd_exec_argument(part) for part in argv)
+
+
+def models_label(record: dict[str, Any]) -> str:
+    """16 hex digits of the model store's record (/etc/b70/models.json: paths and revisions), canonical JSON."""
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class ServingContainer(Document):
+    """<config_dir>/<unit>.container.json: how the unit runs its container, and the render's inputs, so that a
+    tune's candidate runs in the unit's container with only the rendered parts (docker options, server arguments,
+    environment) and the environment file replaced."""
+
+    unit: str = Field(min_length=1, description="The unit, also the container's name")
+    image: str = Field(min_length=1, description="The image id the unit serves")
+    env_file: str = Field(description="The unit's environment file (the render's env)")
+    api_key_env_file: str | None = Field(None, description="The file holding VLLM_API_KEY, when a key is set")
+    models_dir: str = Field(description="The host's model store directory, mounted read-only at /models")
+    models_label: str = Field(description=f"{MODELS_LABEL}: what the model store held when the unit was written")
+    model_dir: str = Field(description="Target directory as the container sees it (--model-dir of the render)")
+    drafter_dir: str | None = None
+    port: int = Field(ge=1, le=65535)
+    extra_env: dict[str, str] = Field(default_factory=dict, description="vllm_serve_extra_env")
+    # The compile caches the role mounts (vllm_serve_compile_cache_*): a candidate reuses the unit's, so a tune's
+    # restarts do not recompile what the served configuration already compiled.
+    compile_cache_dir: str = DEFAULT_COMPILE_CACHE_DIR
+    neo_cache_max_bytes: int = Field(DEFAULT_NEO_CACHE_MAX_BYTES, ge=0)
+
+    def context(self, speculative: bool) -> ServeContext:
+        """What the render is given for this container (the speculative server, or its target-only baseline)."""
+        return ServeContext(model_dir=self.model_dir, drafter_dir=self.drafter_dir, host="0.0.0.0", port=self.port,
+                            speculative=speculative, extra_env=self.extra_env,
+                            compile_cache_dir=self.compile_cache_dir, neo_cache_max_bytes=self.neo_cache_max_bytes)
+
+    def exec_start(self, command: ServeCommand, env_file: str | None = None) -> list[str]:
+        """The unit's command: docker run of the image with the render's options and arguments; a tune passes
+        its candidate's own environment file."""
+        return ([DOCKER, "run", "--rm", "--name", self.unit, "--env-file", env_file or self.env_file]
+                + (["--env-file", self.api_key_env_file] if self.api_key_env_file else [])
+                + ["--volume", f"{self.models_dir}:{CONTAINER_MODELS_DIR}:ro",
+                   "--label", f"{MODELS_LABEL}={self.models_label}"]
+                + command.docker_args + [self.image] + command.argv)
+
+
+class ServeUnit(Document):
+    """`b70ctl serve render --unit ... --json`: the render, the unit's whole ExecStart, and the container record."""
+
+    argv: list[str]
+    env: dict[str, str]
+    docker_args: list[str]
+    exec_start: list[str]
+    exec_start_line: str
+    container: ServingContainer
+
+
+def serve_unit(command: ServeCommand, container: ServingContainer) -> ServeUnit:
+    exec_argv = container.exec_start(command)
+    return ServeUnit(argv=command.argv, env=command.env, docker_args=command.docker_args, exec_start=exec_argv,
+                     exec_start_line=exec_start_line(exec_argv), container=container)
+
+
+def store_directory(record: dict[str, Any]) -> str:
+    """The host directory models.json's target lives in: what the container mounts at /models."""
+    target = record.get("target")
+    path = target.get("path") if isinstance(target, dict) else None
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValueError("target.path is not an absolute path")
+    return str(PurePosixPath(path).parent)
