@@ -43,19 +43,12 @@ from b70ctl.redact import printable
 from b70ctl.report.html import render_html
 from b70ctl.report.load import MAX_REPORT_BYTES
 from b70ctl.report.markdown import render_markdown
-from b70ctl.report.model import DiagnosedFailure, Environment, Report, RooflineInputs
+from b70ctl.report.model import HOST_FACT_FIELDS, DiagnosedFailure, Environment, Report, RooflineInputs
 from b70ctl.report.roofline import compute_roofline
 from b70ctl.report.verdict import judge_all
 
 Progress = Callable[[str], None]
 
-# Host facts (b70ctl host facts --json, or the appliance's collected facts) mapped onto the report's
-# Environment. Missing keys stay None: a bare endpoint tells little about its host.
-# The roofline's inputs are not among them: they come with each run (--roofline-inputs, --model-dir).
-HOST_FACT_FIELDS = tuple(name for name in Environment.model_fields
-                         if name not in ("served_model", "served_speculative_positions", "vllm_version", "extra",
-                                         "memory_bandwidth", "target_shape", "memory_bandwidth_unavailable",
-                                         "target_shape_unavailable"))
 ROOFLINE_FIX = "pass the JSON b70host/roofline_inputs.py printed on the serving host"
 
 
@@ -84,6 +77,9 @@ def load_host_facts(path: Path) -> Environment:
     """The host facts a report records; a file that is not one is refused naming the field, before any request."""
     fix = "pass the host_facts.json `b70ctl host environment` wrote (or `b70ctl host facts --json`)"
     facts = read_json_object(path, f"host facts {path}", fix)
+    # Host facts (b70ctl host facts --json, or the appliance's collected facts) onto the report's Environment:
+    # report.model's HOST_FACT_FIELDS, the fleet report's too. Missing keys stay None: a bare endpoint tells little
+    # about its host.
     known = {key: facts[key] for key in HOST_FACT_FIELDS if facts.get(key) is not None}
     # Raw `b70ctl host facts --json` names its tree `root`: read anywhere but "/", the hardware is emulated.
     if "hardware_root" not in known and isinstance(facts.get("root"), str) and facts["root"] != "/":

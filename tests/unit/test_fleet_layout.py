@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from b70ctl.fleet.layout import NOT_HOST_FACTS, HostFacts, read_host_facts
-from b70ctl.report.model import Environment
-from b70ctl.verify import HOST_FACT_FIELDS
+from b70ctl.fleet.layout import HostFacts, read_host_facts
+from b70ctl.report.model import HOST_FACT_FIELDS, NOT_HOST_FACTS, Environment
 
 
 def test_host_facts_are_the_environment_fields_with_their_types():
@@ -15,8 +14,10 @@ def test_host_facts_are_the_environment_fields_with_their_types():
     for name, field in HostFacts.model_fields.items():
         assert field.annotation == environment[name].annotation, name
         assert field.default is None and not field.is_required(), name
-    # What verify takes from host facts is read by the fleet report too.
-    assert set(HOST_FACT_FIELDS) <= set(HostFacts.model_fields)
+    # One list: what verify takes from host facts is what the fleet report reads, and nothing the server says of
+    # itself (vllm_version) is taken from a host's files.
+    assert tuple(HostFacts.model_fields) == HOST_FACT_FIELDS
+    assert "vllm_version" not in HostFacts.model_fields and "served_model" not in HostFacts.model_fields
 
 
 def test_host_facts_json_round_trips_every_fact_and_ignores_other_keys(tmp_path):

@@ -17,8 +17,7 @@ from b70ctl.cli import app
 from b70ctl.errors import BadInput
 from b70ctl.image.build import save_archive
 from b70ctl.lock.model import appliance_hash, load_recipe_and_lock
-from b70ctl.report.model import Environment
-from b70ctl.verify import HOST_FACT_FIELDS
+from b70ctl.report.model import HOST_FACT_FIELDS, Environment
 from b70host.facts import collect_facts
 from b70host.topology import TOPOLOGY_PATH, topology
 from sysfs_trees import build_tree

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded
 from b70ctl.report.load import MAX_REPORT_BYTES
-from b70ctl.report.model import Environment
+from b70ctl.report.model import HOST_FACT_FIELDS, Environment
 
 if TYPE_CHECKING:
     from b70ctl.tune.model import TuneReport
@@ -51,10 +51,6 @@ class UnreachableMarker(BaseModel):
     recorded_at: datetime | None = None
 
 
-# Environment fields that are not facts of a host: the model the endpoint serves, the free-form rest, and the
-# roofline's inputs (measured with each report and recorded only there).
-NOT_HOST_FACTS = ("served_model", "served_speculative_positions", "extra", "memory_bandwidth", "target_shape",
-                  "memory_bandwidth_unavailable", "target_shape_unavailable")
 
 
 class _IgnoreOtherKeys(BaseModel):
@@ -64,8 +60,8 @@ class _IgnoreOtherKeys(BaseModel):
 # host_facts.json: what the fleet report reads from a host's facts. Built from the report's Environment model, so
 # each fact is declared once: a field added there is read from host_facts.json too, with the same type. Keys are
 # those field names; any other key is ignored. Values from report.json win over these.
-_HOST_FACT_FIELDS: dict[str, Any] = {name: (field.annotation, None) for name, field in
-                                     Environment.model_fields.items() if name not in NOT_HOST_FACTS}
+_HOST_FACT_FIELDS: dict[str, Any] = {name: (Environment.model_fields[name].annotation, None)
+                                     for name in HOST_FACT_FIELDS}
 HostFacts = create_model(
     "HostFacts",
     __base__=_IgnoreOtherKeys,

@@ -305,6 +305,16 @@ class Environment(Model):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
+# Environment fields that are not facts of the serving host: what the server says of itself (verify asks it:
+# served_model, vLLM's /version, k on /metrics), the roofline's inputs (measured with each run, kept out of
+# host_facts.json and the fingerprint) and the free-form rest. Every other field is a host fact: verify fills it from
+# the host's facts, the fleet report from host_facts.json where a report lacks it.
+NOT_HOST_FACTS = frozenset({"served_model", "served_speculative_positions", "vllm_version", "extra",
+                            "memory_bandwidth", "target_shape", "memory_bandwidth_unavailable",
+                            "target_shape_unavailable"})
+HOST_FACT_FIELDS = tuple(name for name in Environment.model_fields if name not in NOT_HOST_FACTS)
+
+
 class RooflineInput(Model):
     """One input of the roofline: its value (None: not known) and where it came from, or why it is missing."""
 
