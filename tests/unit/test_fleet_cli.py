@@ -58,3 +58,29 @@ def test_entry_point_is_registered():
     result = b70ctl("fleet", "--help")
     assert result.returncode == 0 and "report" in result.stdout
     assert Path(sys.executable).with_name("b70ctl").exists()
+
+
+def test_mark_writes_the_marker_the_fleet_report_reads(tmp_path):
+    """The verify play's markers come from `fleet mark`: one line of reason, read back as that host's row; a
+    marker the host's own verify wrote stays under --keep-existing, and nothing is written on a bad call."""
+    reports = tmp_path / "reports"
+    write_host(reports, "ok", make_report("cpu-tiny", "ok"))
+    lost = reports / "lost"
+    marked = b70ctl("fleet", "mark", str(lost), "--kind", "unreachable", "--stage", "connect", "--recipe",
+                    "cpu-tiny", "--reason", "no SSH answer at 10.0.0.9\n within 5 s", "--json")
+    assert marked.returncode == 0, marked.stderr
+    written = json.loads((lost / "unreachable.json").read_text())
+    assert written == json.loads(marked.stdout)
+    assert (written["host"], written["kind"], written["reason"]) == ("lost", "unreachable",
+                                                                     "no SSH answer at 10.0.0.9 within 5 s")
+    kept = b70ctl("fleet", "mark", str(lost), "--kind", "failed", "--reason", "later", "--keep-existing")
+    assert kept.returncode == 0, kept.stderr
+    assert json.loads((lost / "unreachable.json").read_text())["reason"] == written["reason"]
+    report = b70ctl("fleet", "report", str(reports), "--out", str(tmp_path / "out"), "--json")
+    assert report.returncode == 1, report.stderr  # a host without a report is not a host that met the claims
+    rows = {host["host"]: host for host in json.loads(report.stdout)["hosts"]}
+    assert rows["lost"]["status"] == "unreachable" and "no SSH answer at 10.0.0.9" in rows["lost"]["reason"]
+
+    bad = b70ctl("fleet", "mark", str(reports / "other"), "--kind", "gone", "--reason", "x")
+    assert bad.returncode == 2 and "--kind 'gone'" in bad.stderr and bad.stderr.count("\n") == 1
+    assert not (reports / "other").exists()
