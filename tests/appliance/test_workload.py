@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -177,23 +178,28 @@ def test_image_digest_that_does_not_exist_fails_and_serving_stays(provisioned) -
     assert json.loads(on(host.name).file("/etc/b70/image.json").content_string)["source"] == "build"
 
 
-def test_drafter_of_another_model_is_refused_before_serving_changes(provisioned) -> None:
+def test_drafter_of_another_model_is_refused_before_serving_changes(provisioned, tmp_path) -> None:
+    """The controller's drafter (a copy of its model cache, its config given another vocabulary) is refused before
+    any file reaches the host: the host's store and its serving stay as they were."""
     appliance, _, _ = provisioned
     host = appliance.host(2)
     remote = on(host.name)
-    config = "/var/lib/b70/models/cpu-tiny/drafter/config.json"
-    original = remote.file(config).content_string
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "b70ctl" / "models"
+    shutil.copytree(cache / "cpu-tiny", tmp_path / "models" / "cpu-tiny", symlinks=True)
+    config = tmp_path / "models" / "cpu-tiny" / "drafter" / "config.json"
+    foreign = json.loads(config.read_text()) | {"vocab_size": 151936}
+    config.unlink()  # a file of its own: the original may be a hard link into the cache
+    config.write_text(json.dumps(foreign))
+    on_host = "/var/lib/b70/models/cpu-tiny/drafter/config.json"
+    before = remote.file(on_host).sha256sum
     pid = serving_pid(host.name)
-    foreign = json.loads(original) | {"vocab_size": 151936}
-    remote.run(f"cp {config} {config}.orig && printf '%s' '{json.dumps(foreign)}' > {config}")
-    try:
-        run = run_playbook(appliance.inventory("foreign-drafter", [host]), playbook="playbooks/models.yml")
-        assert run.returncode != 0
-        assert_recap(run, [host.name], failed=1)
-        assert "has vocab_size 151936, the target 1024: it is a drafter of another model" in run.output
-        assert serving_pid(host.name) == pid and answers(host.address, 8000)
-    finally:
-        remote.run(f"mv {config}.orig {config}")
+    run = run_playbook(appliance.inventory("foreign-drafter", [host], group_vars={
+        "model_store_controller_dir": str(tmp_path / "models")}), playbook="playbooks/models.yml")
+    assert run.returncode != 0
+    assert_recap(run, [host.name], failed=1)
+    assert "has vocab_size 151936, the target 1024: it is a drafter of another model" in run.output
+    assert remote.file(on_host).sha256sum == before
+    assert serving_pid(host.name) == pid and answers(host.address, 8000)
 
 
 def test_serving_that_never_becomes_healthy_rolls_back_to_the_last_good(provisioned) -> None:

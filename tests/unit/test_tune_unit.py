@@ -407,4 +407,4 @@ def test_a_unit_needs_its_image_environment_and_model_store():
     relative = runner.invoke(app, ["serve", "render", "--recipe", "cpu-tiny", "--unit", UNIT, "--image", "x",
                                    "--env-file", "/e", "--models-record", '{"target": {"path": "models/t"}}'])
     assert isinstance(relative.exception, BadInput)
-    assert "--models-record: target.path is not an absolute path" in str(relative.exception)
+    assert "--models-record: target.path: not an absolute path" in str(relative.exception)

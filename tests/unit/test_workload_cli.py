@@ -198,6 +198,21 @@ def test_fetching_generated_models_once_generated_is_a_no_op_naming_their_revisi
         record = (tmp_path / "generated" / generated / "generator.json").read_bytes()
         assert revisions[role] == f"generated-{hashlib.sha256(record).hexdigest()[:12]}"
 
+    # The host's models.json: the role pipes the fetch into `model record` with the host's store directory.
+    b70ctl = [sys.executable, "-c", "import sys; from b70ctl.cli import main; sys.argv[0] = 'b70ctl'; main()"]
+    store = "/var/lib/b70/models/cpu-tiny"
+    recorded = subprocess.run([*b70ctl, "model", "record", "--json", "--store-dir", store], input=result.stdout,
+                              capture_output=True, text=True, timeout=120)
+    assert recorded.returncode == 0, recorded.stderr
+    assert json.loads(recorded.stdout) == {role: {"path": f"{store}/{role}", "revision": revisions[role]}
+                                           for role in ("target", "drafter")}
+    relative = subprocess.run([*b70ctl, "model", "record", "--store-dir", "models"], input=result.stdout,
+                              capture_output=True, text=True, timeout=120)
+    assert relative.returncode == 2 and "--store-dir models: target.path: not an absolute path" in relative.stderr
+    garbage = subprocess.run([*b70ctl, "model", "record", "--store-dir", store], input="{}", capture_output=True,
+                             text=True, timeout=120)
+    assert garbage.returncode == 2 and "pipe in the output of `b70ctl model fetch --json`" in garbage.stderr
+
 
 def test_container_affinity_mask_counts_the_cards_the_container_is_given(p2p_host) -> None:
     """The serving container receives only the group's device nodes, which Level Zero numbers from 0: a group of

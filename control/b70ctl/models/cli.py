@@ -1,4 +1,5 @@
-"""`b70ctl model ...`: fetch the locked models, fill a controller-side cache, convert a DSpark drafter."""
+"""`b70ctl model ...`: fetch the locked models, fill a controller-side cache, convert a DSpark drafter, describe
+what a host receives (manifest) and what its store holds (record)."""
 
 from __future__ import annotations
 
@@ -165,3 +166,29 @@ def manifest_command(
         total = sum(file.size_bytes for file in manifest.files)
         typer.echo(f"{manifest.directory}: {len(manifest.files)} file(s), {total} bytes "
                    f"({manifest.hashed_bytes} bytes hashed)")
+
+
+@app.command("record")
+def record_command(
+    store_dir: Annotated[str, typer.Option(help="The host's model store directory (target/ and drafter/ below it)")],
+    as_json: Annotated[bool, json_option("Print models.json as the host stores it")] = False,
+) -> None:
+    """/etc/b70/models.json of a host from `b70ctl model fetch --json` on stdin: each model's directory in the
+    host's store and the revision the fetch placed."""
+    from pydantic import ValidationError
+
+    from b70ctl.errors import first_problem
+    from b70ctl.models.fetch import FetchResult
+    from b70ctl.models.record import models_record
+
+    try:
+        fetched = FetchResult.model_validate_json(sys.stdin.read())
+    except ValidationError as error:
+        raise BadInput(f"stdin: {first_problem(error)}: pipe in the output of `b70ctl model fetch --json`") from error
+    record = models_record(fetched, store_dir)
+    if as_json:
+        sys.stdout.write(record.model_dump_json(indent=2) + "\n")
+        return
+    for role, stored in (("target", record.target), ("drafter", record.drafter)):
+        if stored is not None:
+            typer.echo(f"{role}: {stored.path} @ {stored.revision or 'no revision'}")

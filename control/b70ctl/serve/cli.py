@@ -17,7 +17,8 @@ from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, env_problem
 from b70ctl.serve.render import DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeContext, render_container
-from b70ctl.serve.unit import ServingContainer, models_label, serve_unit, store_directory
+from b70ctl.models.record import parse_models_record
+from b70ctl.serve.unit import ServingContainer, serve_unit
 
 app = typer.Typer(no_args_is_help=True, help="The vLLM serve command, rendered from recipe and host facts.")
 
@@ -70,17 +71,10 @@ def _container(unit: str, image: str | None, env_file: str | None, api_key_env_f
         raise BadInput(f"--unit {unit} needs {', '.join(missing)}: the unit's ExecStart runs that image with that "
                        "environment file and mounts that model store")
     assert image is not None and env_file is not None and models_record is not None
-    try:
-        record = json.loads(models_record)
-        if not isinstance(record, dict):
-            raise ValueError("not a JSON object")
-        store = store_directory(record)
-    except ValueError as error:  # json.JSONDecodeError is a ValueError
-        raise BadInput(f"--models-record: {error}: pass the host's /etc/b70/models.json (the model_store role "
-                       "writes it)") from error
+    record = parse_models_record(models_record, "--models-record")
     try:
         return ServingContainer(unit=unit, image=image, env_file=env_file, api_key_env_file=api_key_env_file,
-                                models_dir=store, models_label=models_label(record), model_dir=context.model_dir,
+                                models_dir=record.store_dir(), models_label=record.label(), model_dir=context.model_dir,
                                 drafter_dir=context.drafter_dir, port=context.port, extra_env=site_env,
                                 compile_cache_dir=context.compile_cache_dir,
                                 neo_cache_max_bytes=context.neo_cache_max_bytes)

@@ -14,11 +14,6 @@ systemd reads back exactly the value and no value can end the line, open a quote
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import PurePosixPath
-from typing import Any
-
 from pydantic import Field
 
 from b70ctl.documents import Document
@@ -55,12 +50,6 @@ def systemd_text(value: object) -> str:
 def exec_start_line(argv: list[str]) -> str:
     """ExecStart='s value: the arguments quoted, space-separated."""
     return " ".join(systemd_exec_argument(part) for part in argv)
-
-
-def models_label(record: dict[str, Any]) -> str:
-    """16 hex digits of the model store's record (/etc/b70/models.json: paths and revisions), canonical JSON."""
-    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 class ServingContainer(Document):
@@ -114,12 +103,3 @@ def serve_unit(command: ServeCommand, container: ServingContainer) -> ServeUnit:
     exec_argv = container.exec_start(command)
     return ServeUnit(argv=command.argv, env=command.env, docker_args=command.docker_args, exec_start=exec_argv,
                      exec_start_line=exec_start_line(exec_argv), container=container)
-
-
-def store_directory(record: dict[str, Any]) -> str:
-    """The host directory models.json's target lives in: what the container mounts at /models."""
-    target = record.get("target")
-    path = target.get("path") if isinstance(target, dict) else None
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise ValueError("target.path is not an absolute path")
-    return str(PurePosixPath(path).parent)
