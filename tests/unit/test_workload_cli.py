@@ -135,6 +135,31 @@ def test_image_provide_refuses_an_unresolved_lock() -> None:
     assert "run b70ctl lock resolve --recipe pr620-fp8-tp2" in result.output
 
 
+def test_a_hosts_mirror_is_pulled_by_digest_and_recorded_as_installed() -> None:
+    """The dspark_image role's two calls for a host given dspark_image_pull_reference: `image provide` names the
+    mirror's digest (a tag is refused), and `image record` turns it, with the id the host's engine gave the
+    image, into /etc/b70/image.json."""
+    digest = "sha256:" + "ab" * 32
+    mirror = f"registry.example:5000/b70/vllm@{digest}"
+    provided = invoke("image", "provide", "--recipe", "pr620-fp8-tp2", "--pull-reference", mirror, "--json")
+    assert provided.exit_code == 0, provided.output
+    document = json.loads(provided.stdout)
+    assert (document["source"], document["reference"], document["digest"]) == ("pull", mirror, digest)
+    tagged = invoke("image", "provide", "--recipe", "pr620-fp8-tp2", "--pull-reference", "b70/vllm:latest")
+    assert tagged.exit_code == 2 and "is not name@sha256:<64 hex digits>" in tagged.output
+
+    image_id = "sha256:" + "cd" * 32
+    recorded = invoke("image", "record", "--json", "--id", image_id, stdin=provided.stdout)
+    assert recorded.exit_code == 0, recorded.output
+    assert json.loads(recorded.stdout) == {"recipe": "pr620-fp8-tp2", "source": "pull", "reference": mirror,
+                                           "id": image_id, "digest": digest, "vllm_version": document["vllm_version"],
+                                           "labels": {}}
+    not_an_id = invoke("image", "record", "--id", "b70/vllm", stdin=provided.stdout)
+    assert not_an_id.exit_code == 2 and "is not an image id" in not_an_id.output
+    garbage = invoke("image", "record", "--id", image_id, stdin="{}")
+    assert garbage.exit_code == 2 and "pipe in the output of `b70ctl image provide --json`" in garbage.output
+
+
 class _FakeImage:
     def __init__(self, chunks: list[bytes], fail_after: int | None = None) -> None:
         self.chunks, self.fail_after = chunks, fail_after

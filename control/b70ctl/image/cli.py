@@ -14,6 +14,7 @@ from rich.console import Console
 
 from b70ctl.errors import BadInput
 from b70ctl.extras import require
+from b70ctl.image.documents import DIGEST_REFERENCE, ProvidedImage
 from b70ctl.image.build import BuildFailed, default_archive_dir, image_labels, plan_build, run_build, save_archive
 from b70ctl.image.patches import VendorPatch, check_series, load_series, sha256_file
 from b70ctl.lock.model import load_recipe_and_lock, require_resolved
@@ -201,33 +202,68 @@ def provide(
     lock: Annotated[Path | None, typer.Option(help="Lock file (default: beside the recipe)")] = None,
     base: Annotated[str | None, typer.Option(
         help="Build FROM this image instead of the lock's base: name@sha256:<digest> or a local image id")] = None,
+    pull_reference: Annotated[str | None, typer.Option(
+        help="Pull this name@sha256:<digest> (a mirror of the image) instead of what the recipe provides")] = None,
     as_json: Annotated[bool, json_option("Print JSON (what the dspark_image role reads)")] = False,
 ) -> None:
     """What the dspark_image role installs on each host: the locked name@digest to pull (source pull), or the image
     built here once for the whole fleet and saved as an archive named by its id (source build)."""
     recipe_model, lock_model, _ = load_recipe_and_lock(recipe, lock)
-    if recipe_model.image.source == "pull":
+    if pull_reference is not None:
+        if not DIGEST_REFERENCE.match(pull_reference):
+            raise BadInput(f"--pull-reference {pull_reference!r} is not name@sha256:<64 hex digits>: pull by digest "
+                           "(a tag can move between two hosts' pulls)")
+        provided = ProvidedImage(recipe=recipe_model.name, source="pull", reference=pull_reference,
+                                 digest=pull_reference.split("@")[-1], tag=recipe_model.image.tag,
+                                 vllm_version=recipe_model.vllm_version)
+    elif recipe_model.image.source == "pull":
         require_resolved(lock_model, ("image",))
         name = recipe_model.image.reference
-        provided = {"recipe": recipe_model.name, "source": "pull", "reference": f"{name}@{lock_model.image.digest}",
-                    "digest": lock_model.image.digest, "tag": recipe_model.image.tag,
-                    "vllm_version": recipe_model.vllm_version}
+        provided = ProvidedImage(recipe=recipe_model.name, source="pull",
+                                 reference=f"{name}@{lock_model.image.digest}", digest=lock_model.image.digest,
+                                 tag=recipe_model.image.tag, vllm_version=recipe_model.vllm_version)
     else:
         engine = functools.cache(_docker_client)
         plan, image_id = _built_image(recipe_model, lock_model, base, False, engine)
         client = engine()
         archive = save_archive(client, image_id, archive_dir or default_archive_dir(),
                                lambda line: err.print(line, highlight=False))
-        provided = {"recipe": recipe_model.name, "source": "build", "reference": plan.image_tag, "id": image_id,
-                    "archive": str(archive), "labels": plan.expected_labels(), "vllm_version": plan.vllm_version}
+        provided = ProvidedImage(recipe=recipe_model.name, source="build", reference=plan.image_tag, id=image_id,
+                                 archive=str(archive), labels=plan.expected_labels(),
+                                 vllm_version=plan.vllm_version)
     if as_json:
-        _print_json(provided)
-    elif provided["source"] == "pull":
-        Console(highlight=False).print(f"{provided['recipe']}: pull {provided['reference']} (vLLM "
-                                       f"{provided['vllm_version']})")
+        sys.stdout.write(provided.model_dump_json(indent=2, exclude_none=True) + "\n")
+    elif provided.source == "pull":
+        Console(highlight=False).print(f"{provided.recipe}: pull {provided.reference} (vLLM {provided.vllm_version})")
     else:
-        Console(highlight=False).print(f"{provided['recipe']}: built {provided['reference']} ({provided['id']}), "
-                                       f"saved to {provided['archive']} (vLLM {provided['vllm_version']})")
+        Console(highlight=False).print(f"{provided.recipe}: built {provided.reference} ({provided.id}), "
+                                       f"saved to {provided.archive} (vLLM {provided.vllm_version})")
+
+
+@app.command("record")
+def record(
+    image_id: Annotated[str, typer.Option("--id", help="The id the host's engine gives the installed image")],
+    as_json: Annotated[bool, json_option("Print /etc/b70/image.json as the host stores it")] = False,
+) -> None:
+    """A host's /etc/b70/image.json from `b70ctl image provide --json` on stdin and the installed image's id."""
+    from pydantic import ValidationError
+
+    from b70ctl.errors import first_problem
+
+    try:
+        provided = ProvidedImage.model_validate_json(sys.stdin.read())
+    except ValidationError as error:
+        raise BadInput(f"stdin: {first_problem(error)}: pipe in the output of `b70ctl image provide --json`") \
+            from error
+    if not image_id.startswith("sha256:"):
+        raise BadInput(f"--id {image_id!r} is not an image id (sha256:...): give what `docker image inspect "
+                       "--format {{.Id}}` prints on the host")
+    installed = provided.installed(image_id)
+    if as_json:
+        sys.stdout.write(installed.model_dump_json(indent=2) + "\n")
+    else:
+        Console(highlight=False).print(f"{installed.recipe}: {installed.id} ({installed.source} "
+                                       f"{installed.reference}, vLLM {installed.vllm_version})")
 
 
 @app.command("inspect")
