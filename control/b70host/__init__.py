@@ -8,6 +8,8 @@ b70_host_python):
 - topology, level_zero: PCIe P2P per GPU pair and the oneCCL profile; the Level Zero probe.
 - serve_wait: the serve gate's wait for /health, stopping at the first death.
 - roofline_inputs: what the decode roofline needs that only the serving host can tell.
+- bundle: what `b70ctl host environment` maps onto a report (the GPU inventory, the stages' documents, the
+  compute runtime's version), in one run.
 
 b70ctl on the controller imports the same modules (`b70ctl host facts`, `host topology`, verify's roofline), so
 the controller and the host print the same documents.

@@ -20,6 +20,7 @@ from b70ctl.lock.model import appliance_hash, load_recipe_and_lock
 from b70ctl.report.model import HOST_FACT_FIELDS, Environment
 from b70host.facts import collect_facts
 from b70host.topology import TOPOLOGY_PATH, topology
+from host_package import host_module
 from sysfs_trees import build_tree
 
 runner = CliRunner()
@@ -74,6 +75,37 @@ def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
     # Everything the report takes from host facts is produced here (no field named twice differently).
     assert set(HOST_FACT_FIELDS) <= set(environment)
     assert set(environment) <= set(Environment.model_fields)
+
+
+def test_the_bundle_collected_on_the_host_maps_as_the_documents_say(tmp_path: Path) -> None:
+    """replication_check runs b70host.bundle on the host (its GPU inventory, the stages' documents, the runtime's
+    version) and pipes it into `host environment`: what the documents say reaches the report's environment; a
+    document that is not JSON stops the run in one line instead of describing the host from it."""
+    root = build_tree(tmp_path, "b70x2-switch")
+    topology(root, tensor_parallel_size=2, profile="p2p", probe="never", write=True)
+    etc = Path(root) / "etc" / "b70"
+    (etc / "image.json").write_text(json.dumps({"id": "sha256:" + "a" * 64, "vllm_version": "0.21.0"}))
+    (etc / "models.json").write_text(json.dumps({"target": {"path": "/m/target", "revision": "r-target"},
+                                                 "drafter": {"path": "/m/drafter", "revision": "r-drafter"}}))
+    collected = subprocess.run(host_module("bundle", "--hostname", "b70-a", "--root", root, "--etc-dir", str(etc)),
+                               capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert collected.returncode == 0, collected.stderr
+    bundle = json.loads(collected.stdout)
+    assert bundle["facts"] == collect_facts(root) and bundle["serve"] == {}  # serving has not run
+    result = invoke("host", "environment", "--recipe", "pr620-fp8-tp2", "--json", stdin=collected.stdout)
+    assert result.exit_code == 0, result.output
+    environment = json.loads(result.stdout)
+    assert (environment["hostname"], environment["image_digest"], environment["model_revision"],
+            environment["drafter_revision"], environment["p2p_profile"]) == (
+        "b70-a", "sha256:" + "a" * 64, "r-target", "r-drafter", "p2p")
+    assert environment["gpu_model"] == "2x B70" and environment["kernel"] == bundle["facts"]["kernel_release"]
+
+    (etc / "serve.json").write_text("{half")
+    broken = subprocess.run(host_module("bundle", "--hostname", "b70-a", "--root", root, "--etc-dir", str(etc)),
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert broken.returncode == 2 and broken.stdout == ""
+    assert broken.stderr.startswith(f"error: {etc}/serve.json cannot be read as JSON")
+    assert broken.stderr.rstrip().endswith("run playbooks/serve.yml again") and broken.stderr.count("\n") == 1
 
 
 def test_host_environment_of_a_bare_host_and_bad_input() -> None:
