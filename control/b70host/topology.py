@@ -35,7 +35,7 @@ import os
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Final, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Final, List, Literal, Optional, Sequence, Tuple
 
 from b70host import BadInput, level_zero
 from b70host.facts import collect_facts
@@ -130,11 +130,22 @@ CCL_PROFILES: Dict[str, Dict[str, Any]] = {
 }
 
 
+# The document's shapes (Probe, PairTopology) are declared once, here: b70ctl reads topology.json back through
+# these classes (b70ctl.host.model validates a pair as PairTopology), and __pydantic_config__ is how it is told to
+# refuse a key the writer never writes. A plain dict, so this module stays standard library only.
+_DOCUMENT_CONFIG = {"extra": "forbid"}
+ProbeStatus = Literal["confirmed", "refused", "inconclusive", "not_probed"]
+Relation = Literal["same_switch", "separate_root_ports", "separate_host_bridges"]
+Acs = Literal["off", "redirect", "unknown", "not_applicable"]
+
+
 @dataclass
 class Probe:
     """The Level Zero loader's answer for one pair (both directions)."""
 
-    status: str  # confirmed | refused | inconclusive | not_probed
+    __pydantic_config__ = _DOCUMENT_CONFIG
+
+    status: ProbeStatus
     command: List[str] = field(default_factory=list)
     exit_code: Optional[int] = None
     peak_gb_per_s: Optional[float] = None
@@ -146,13 +157,15 @@ class Probe:
 
 @dataclass
 class PairTopology:
+    __pydantic_config__ = _DOCUMENT_CONFIG
+
     a: int
     b: int
     a_address: str
     b_address: str
-    relation: str  # same_switch | separate_root_ports | separate_host_bridges
+    relation: Relation
     common_bridge: Optional[str]
-    acs: str  # off | redirect | unknown | not_applicable
+    acs: Acs
     acs_redirect_bridges: List[str]
     acs_unknown_bridges: List[str]
     p2p_from_topology: Optional[bool]
@@ -160,7 +173,8 @@ class PairTopology:
     reason: str
     probe: Optional[Probe] = None
     # the P2PDMA rule that decided: same-switch | amd-zen | whitelisted-host-bridge:V:D | refused: .. | unknown: ..
-    rule: str = ""
+    # (None only in a schema-1 document, written before pairs named their rule)
+    rule: Optional[str] = None
 
 
 @dataclass
@@ -231,7 +245,7 @@ def pair_topology(gpu_a: Dict[str, Any], gpu_b: Dict[str, Any], cpu: Optional[Di
                and chain_a[shared]["address"] == chain_b[shared]["address"]):
             shared += 1
     if shared == 0:
-        relation = "separate_host_bridges" if host_a != host_b else "separate_root_ports"
+        relation: Relation = "separate_host_bridges" if host_a != host_b else "separate_root_ports"
         where = ("different host bridges (%s, %s)" % (host_a, host_b) if host_a != host_b else
                  "separate root ports (%s, %s) of %s" % (chain_a[0]["address"] if chain_a else "?",
                                                          chain_b[0]["address"] if chain_b else "?", host_a))
@@ -251,6 +265,7 @@ def pair_topology(gpu_a: Dict[str, Any], gpu_b: Dict[str, Any], cpu: Optional[Di
     redirect = [bridge["address"] for bridge in path if bridge["acs"]["state"] == "redirect"]
     unknown = [bridge["address"] for bridge in path if bridge["acs"]["state"] == "unknown"]
     host_p2p, host_rule = through_host_bridge()
+    acs: Acs
     if redirect:
         acs = "redirect"
         p2p, rule = (True, host_rule) if host_p2p else (False, "refused: ACS redirect at %s and the host bridge route "

@@ -17,37 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from b70ctl.documents import Pinned as _Model
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, read_json_object
-from b70host.topology import CCL_PROFILES, TOPOLOGY_SCHEMA_VERSION
+from b70host.topology import CCL_PROFILES, TOPOLOGY_SCHEMA_VERSION, PairTopology
 
 Profile = Literal["p2p", "no-p2p"]
-
-
-class ProbeResult(_Model):
-    status: Literal["confirmed", "refused", "inconclusive", "not_probed"]
-    command: list[str]
-    exit_code: int | None
-    peak_gb_per_s: float | None
-    detail: str
-    peer_memory_opened: bool = Field(False, description="The probe opened one device's memory from the other, as "
-                                     "oneCCL's IPC path does; only that proves P2P")
-
-
-class PairTopology(_Model):
-    a: int
-    b: int
-    a_address: str
-    b_address: str
-    relation: Literal["same_switch", "separate_root_ports", "separate_host_bridges"]
-    common_bridge: str | None
-    acs: Literal["off", "redirect", "unknown", "not_applicable"]
-    acs_redirect_bridges: list[str]
-    acs_unknown_bridges: list[str]
-    p2p_from_topology: bool | None
-    p2p: bool | None
-    reason: str
-    probe: ProbeResult | None
-    rule: str | None = Field(None, description="The P2PDMA rule that decided (schema 2): same-switch, amd-zen, "
-                             "whitelisted-host-bridge:VVVV:DDDD, refused: ..., unknown: ...")
 
 
 class TopologyGpu(_Model):
