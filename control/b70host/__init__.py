@@ -1,7 +1,7 @@
 """The appliance's code that runs on the serving hosts: standard library only, so a host needs nothing but python3.
 
 One directory on a host, {b70_lib_dir}/b70host (roles/b70/tasks/host_package.yml copies it there), and each module
-run as `python3 -P -m b70host.<module>` with that directory's parent as PYTHONPATH (the b70 role's
+run as `python3 -B -P -m b70host.<module>` with that directory's parent as PYTHONPATH (the b70 role's
 b70_host_python):
 - facts: the GPU inventory under a root prefix (the b70 Ansible fact; preflight also pipes this one file to a host
   it has not changed yet, so it imports nothing of its siblings).

@@ -68,3 +68,13 @@ def test_no_role_reaches_into_the_repository_for_code() -> None:
                 for number, line in enumerate(path.read_text().splitlines(), 1)
                 if "role_path" in line and "../" in line]
     assert reaching == []
+
+
+def test_running_a_module_leaves_the_installed_package_as_it_was() -> None:
+    """The stages' generations fingerprint b70_lib_dir/b70host: a module one stage runs (serve_wait, the roofline
+    probe, the fact) must not add bytecode there, or the next run would see another stage's files changed."""
+    before = sorted(path.relative_to(installed_lib()) for path in installed_lib().rglob("*"))
+    ran = subprocess.run([*host_python(), "b70host.facts", "--root", "/nonexistent"], capture_output=True, text=True,
+                         check=False, cwd="/")
+    assert ran.returncode == 2  # ran, and refused the root: the package was imported
+    assert sorted(path.relative_to(installed_lib()) for path in installed_lib().rglob("*")) == before
