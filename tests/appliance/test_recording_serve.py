@@ -99,10 +99,10 @@ def prepare_serving(appliance: Appliance, host: HostUnderTest, recipe: str, imag
 
 
 def place_models(host: str, recipe: str) -> None:
-    """What the model stage leaves: the recipe's target and drafter directories and /etc/b70/models.json."""
+    """What the model stage leaves: the recipe's target and drafter directories and /etc/b70/models.json, in the
+    schema `b70ctl model record` writes it (ModelsRecord: serve render refuses any other key)."""
     store = f"/var/lib/b70/models/{recipe}"
-    models = {"recipe": recipe, "stand_in": True,
-              "target": {"path": f"{store}/target", "revision": "stand-in"},
+    models = {"target": {"path": f"{store}/target", "revision": "stand-in"},
               "drafter": {"path": f"{store}/drafter", "revision": "stand-in"}}
     subprocess.run(["docker", "exec", "-i", host, "sh", "-c",
                     f"mkdir -p {store}/target {store}/drafter /etc/b70 && cat > /etc/b70/models.json"],
