@@ -6,7 +6,8 @@ b70_host_python):
 - facts: the GPU inventory under a root prefix (the b70 Ansible fact; preflight also pipes this one file to a host
   it has not changed yet, so it imports nothing of its siblings).
 - topology, level_zero: PCIe P2P per GPU pair and the oneCCL profile; the Level Zero probe.
-- serve_wait: the serve gate's wait for /health, stopping at the first death.
+- serve_wait, journal: the serve gate's wait for /health, stopping at the first death; the units' last journal
+  lines when a start failed (b70ctl diagnose --start reads them).
 - roofline_inputs: what the decode roofline needs that only the serving host can tell.
 - bundle: what `b70ctl host environment` maps onto a report (the GPU inventory, the stages' documents, the
   compute runtime's version), in one run.

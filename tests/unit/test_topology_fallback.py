@@ -46,21 +46,24 @@ def p2p_document(tmp_path: Path) -> dict:
 
 
 def test_the_role_s_signal_is_the_catalogue_entry_whose_fix_is_no_p2p() -> None:
-    """The vllm_serve role falls back on a diagnosed failure whose fix.profile is no-p2p: on the posted log that is
-    the IPC-open entry, with the posted line as its evidence (what the role passes as --evidence)."""
-    # The role's own call: `b70ctl diagnose --log - --json` with the unit's journal on stdin (exit 1: found).
-    diagnosed = subprocess.run([str(B70CTL), "diagnose", "--log", "-", "--json"], input=POSTED.read_text(),
+    """The vllm_serve role falls back on the failure `b70ctl diagnose --start` names as no_p2p_failure (the first
+    diagnosed failure whose fix.profile is no-p2p): on the posted log that is the IPC-open entry, with the posted
+    line as its evidence (what the role passes as --evidence)."""
+    diagnose = yaml.safe_load((REPO / "roles/vllm_serve/tasks/diagnose.yml").read_text())
+    call = next(task for task in diagnose if task["name"] == "Name known failures in the units' journals")
+    assert call["ansible.builtin.command"]["argv"][1:] == ["diagnose", "--start", "-", "--json"]
+    # The role's own call, with the journal as b70host.journal hands it on (exit 1: found).
+    start = {"host": "b70-a", "health_timeout_s": 900, "failed_task": "Wait for /health",
+             "journal": {"units": [{"unit": "b70-vllm", "lines": POSTED.read_text().splitlines()}]}}
+    diagnosed = subprocess.run([str(B70CTL), "diagnose", "--start", "-", "--json"], input=json.dumps(start),
                                capture_output=True, text=True)
     assert diagnosed.returncode == 1, diagnosed.stderr
-    failures = json.loads(diagnosed.stdout)["failures"]
-    falls_back = [failure for failure in failures if (failure["fix"] or {}).get("profile") == "no-p2p"]
-    assert [failure["id"] for failure in falls_back] == [SIGNATURE]
-    assert falls_back[0]["evidence"][0]["text"] == "zeMemOpenIpcHandle, code: ZE_RESULT_ERROR_INVALID_ARGUMENT"
-    main = yaml.safe_load((REPO / "roles/vllm_serve/tasks/main.yml").read_text())
-    rescue = next(task for task in main if task.get("rescue"))["rescue"]
-    signal = next(task for task in rescue if task["name"] == "Name the failure the no-p2p profile fixes")
-    assert "selectattr('fix.profile', 'equalto', 'no-p2p')" in signal["ansible.builtin.set_fact"][
-        "vllm_serve_p2p_failures"]
+    falls_back = json.loads(diagnosed.stdout)["no_p2p_failure"]
+    assert falls_back["id"] == SIGNATURE and falls_back["fix"]["profile"] == "no-p2p"
+    assert falls_back["evidence"][0]["text"] == "zeMemOpenIpcHandle, code: ZE_RESULT_ERROR_INVALID_ARGUMENT"
+    rollback = yaml.safe_load((REPO / "roles/vllm_serve/tasks/rollback.yml").read_text())
+    signal = next(task for task in rollback if task["name"] == "Name the failure the no-p2p profile fixes")
+    assert ".no_p2p_failure" in signal["ansible.builtin.set_fact"]["vllm_serve_p2p_failure"]
 
 
 def test_fallback_command_prints_the_record_and_the_no_p2p_topology(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
@@ -17,7 +18,9 @@ from b70ctl.diagnose.catalogue import load_catalogue
 from b70ctl.diagnose.collect import collect_unit, local_runner, ssh_runner, stream_log
 from b70ctl.diagnose.match import diagnose_lines
 from b70ctl.diagnose.model import Diagnosis, Fix, LogLine
-from b70ctl.errors import BadInput
+from b70ctl.diagnose.start import FailedStart, diagnose_start
+from b70ctl.errors import BadInput, first_problem
+from b70ctl.files import read_json_object
 from b70ctl.options import json_option
 
 DEFAULT_UNIT = "b70-vllm"
@@ -56,6 +59,15 @@ def run_diagnosis(logs: list[str], unit: str | None, ssh: str | None, topology: 
     return diagnose_lines(load_catalogue(), chain(*streams, lines), names, profile=profile,
                           profile_source=profile_source,
                           auto_profile=document.auto_profile if topology is not None else None)
+
+
+def read_failed_start(source: str) -> FailedStart:
+    where = "--start" if source == "-" else f"--start {source}"
+    fix = "pass the vllm_serve role's document (the units' journals from b70host.journal, the failed task)"
+    try:
+        return FailedStart.model_validate(read_json_object(source, where, fix))
+    except ValidationError as error:
+        raise BadInput(f"{where}: {first_problem(error)}: {fix}") from error
 
 
 def render_fix(fix: Fix, out: Console, indent: str) -> None:
@@ -109,11 +121,21 @@ def diagnose_command(
         help="Read the unit's journal on this host over SSH (honours ~/.ssh/config and the agent)")] = None,
     topology: Annotated[Path | None, typer.Option(
         help="The host's topology.json: say when its oneCCL profile contradicts what the logs show")] = None,
+    start: Annotated[str | None, typer.Option(
+        help="A failed serving start (the vllm_serve role's document; - reads stdin): diagnose each unit's journal "
+             "and print the message the serve play fails with")] = None,
     as_json: Annotated[bool, json_option("Print the diagnosis as JSON")] = False,
 ) -> None:
     """Name each known failure in serve logs, kernel logs or a verify report, with the evidence and the fix.
 
     Exit 0 when nothing known matched, 1 when a known failure was found, 2 on bad input or an unreachable host."""
+    if start is not None:
+        if log or unit or ssh or topology:
+            raise BadInput("--start reads the journals its document carries: give it without --log, --unit, --ssh "
+                           "and --topology")
+        found = diagnose_start(read_failed_start(start))
+        sys.stdout.write(found.model_dump_json(indent=2) + "\n" if as_json else found.message + "\n")
+        raise typer.Exit(1 if found.found_failure else 0)
     diagnosis = run_diagnosis(list(log or []), unit, ssh, topology)
     if as_json:
         sys.stdout.write(diagnosis.model_dump_json(indent=2) + "\n")

@@ -1,0 +1,136 @@
+"""b70ctl diagnose --start: the serve play's failure message and the serve gate's fallback decision, from the units'
+journals as b70host.journal hands them on and Ansible's own failed-task result.
+
+The journals are real: a vLLM CPU start that asked for more KV cache than the machine has (captured from a real
+server, tests/fixtures/diagnose/README.md) and a B70 owner's TP=2 start that died opening the peer's memory
+(tests/fixtures/field/index.yaml). The appliance test of a start that never becomes healthy runs the same command
+through the role on a systemd host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from b70ctl.diagnose.start import FailedStart, diagnose_start
+from host_package import host_module
+
+B70CTL = str(Path(sys.executable).with_name("b70ctl"))
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+KV_CACHE_LOG = FIXTURES / "diagnose" / "real" / "kv-cache-too-large.log"
+HEALTHY_LOG = FIXTURES / "diagnose" / "real" / "healthy.log"
+P2P_LOG = FIXTURES / "field" / "logs" / "s-llm-scaler-398-b70-awq-tp2-ipc.log"
+# What Ansible's fail task in start.yml leaves in ansible_failed_result: serve_wait's reason.
+DIED = ("b70-vllm died while starting (1 time(s); systemd: activating/auto-restart, result exit-code) before "
+        "/health answered on port 8000, after 41 s")
+
+
+def document(journals: dict[str, Path], **fields: object) -> dict:
+    return {"host": "b70-app-1", "health_timeout_s": 900, "failed_task": "Wait for /health",
+            "failed_result": {"msg": DIED, "failed": True, "changed": False},
+            "journal": {"units": [{"unit": unit, "lines": path.read_text().splitlines()}
+                                  for unit, path in journals.items()]},
+            **fields}
+
+
+def test_a_start_that_died_is_named_with_vllms_reason_the_rollback_and_the_fix() -> None:
+    found = diagnose_start(FailedStart.model_validate(document(
+        {"b70-vllm": KV_CACHE_LOG, "b70-vllm-baseline": HEALTHY_LOG}, last_good=True)))
+    assert found.message.startswith(f"b70-app-1: vLLM is not serving: Wait for /health failed ({DIED}; health "
+                                    "timeout 900 s). The last healthy configuration was put back and restarted.")
+    # vLLM's own reason from the unit that died (its error lines, not its traceback's last frames); the healthy
+    # unit's last lines as they are.
+    quoted = found.message.split("Last log lines: ")[1].split("Diagnosis: ")[0]
+    died, healthy = quoted.split("[b70-vllm-baseline] ")
+    assert died.startswith("[b70-vllm] ") and "(100000.0 GiB)" in died and "File \"" not in died
+    assert healthy.strip() and "(100000.0 GiB)" not in healthy
+    assert "Diagnosis: [b70-vllm] kv-cache-larger-than-host-memory: Lower VLLM_CPU_KVCACHE_SPACE" in found.message
+    assert "[b70-vllm-baseline] kv-cache" not in found.message
+    assert found.message.endswith("Fix: read `journalctl -u b70-vllm` on the host, correct the setting, run the play "
+                                  "again.")
+    assert found.no_p2p_failure is None and found.found_failure
+
+
+def test_a_p2p_start_that_died_opening_peer_memory_names_the_no_p2p_failure() -> None:
+    found = diagnose_start(FailedStart.model_validate(document({"b70-vllm": P2P_LOG})))
+    assert found.no_p2p_failure is not None
+    assert (found.no_p2p_failure.id, found.no_p2p_failure.fix.profile) == ("ze-ipc-open-invalid-argument", "no-p2p")
+    assert "ZE_RESULT_ERROR_INVALID_ARGUMENT" in found.no_p2p_failure.evidence[0].text
+    # Before the rollback the message says nothing of one; after a fallback's start failed too, it says so.
+    assert "healthy configuration" not in found.message
+    again = diagnose_start(FailedStart.model_validate(document({"b70-vllm": P2P_LOG}, last_good=False,
+                                                               fell_back="ze-ipc-open-invalid-argument")))
+    assert ("It had been restarted once with no-p2p after the p2p start died at ze-ipc-open-invalid-argument "
+            "(/etc/b70/ccl-fallback.json); that start failed too. No earlier healthy configuration exists to put "
+            "back.") in again.message
+
+
+def test_a_failed_loop_is_named_by_its_first_failed_item_and_an_empty_journal_by_nothing_matched() -> None:
+    refused = "Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] Connection refused>"
+    found = diagnose_start(FailedStart.model_validate({
+        "host": "h", "health_timeout_s": 60, "failed_task": "Check /v1/models serves the recipe's model",
+        "failed_result": {"msg": "One or more items failed", "failed": True, "results": [
+            {"item": {"unit": "b70-vllm"}, "failed": False, "status": 200},
+            {"item": {"unit": "b70-vllm-baseline"}, "failed": True, "msg": refused}]},
+        "journal": {"units": [{"unit": "b70-vllm", "lines": []}]}}))
+    assert f"Check /v1/models serves the recipe's model failed ({refused}; health timeout 60 s)" in found.message
+    assert "Diagnosis: no known failure matched (b70ctl diagnose)." in found.message
+    assert not found.found_failure
+
+
+def run(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([B70CTL, "diagnose", *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def test_the_command_prints_the_message_or_the_json_and_exits_1_when_a_failure_is_known() -> None:
+    text = json.dumps(document({"b70-vllm": KV_CACHE_LOG}, last_good=True))
+    plain = run("--start", "-", stdin=text)
+    assert plain.returncode == 1 and plain.stdout.startswith("b70-app-1: vLLM is not serving: ")
+    assert plain.stdout.count("\n") == 1  # one line: the play's fail message
+    as_json = json.loads(run("--start", "-", "--json", stdin=text).stdout)
+    assert as_json["message"] == plain.stdout.strip() and as_json["no_p2p_failure"] is None
+    assert [unit["unit"] for unit in as_json["units"]] == ["b70-vllm"]
+
+
+@pytest.mark.parametrize(("args", "stdin", "named"), [
+    (["--start", "-"], "{\"host\": \"h\"}", "--start: journal: Field required"),
+    (["--start", "-"], "[]", "--start: expected a JSON object"),
+    (["--start", "-", "--log", "x.log"], "{}", "--start reads the journals its document carries"),
+])
+def test_a_bad_document_is_one_line_and_exit_2(args: list[str], stdin: str, named: str) -> None:
+    result = run(*args, stdin=stdin)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and named in result.stderr, result.stderr
+
+
+def test_the_hosts_journal_document_is_what_the_command_reads(tmp_path: Path) -> None:
+    """b70host.journal as the role runs it (the installed package, the system Python), with journalctl answering
+    from the captured log for one unit and refusing the other, as it does for a unit it has no lines of."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "journalctl").write_text(
+        "#!/bin/sh\n"
+        f"echo \"$@\" >> {tmp_path / 'argv'}\n"
+        f"[ \"$2\" = b70-vllm ] && exec cat {KV_CACHE_LOG}\n"
+        "echo 'No journal files were found.' >&2; exit 1\n")
+    (bin_dir / "journalctl").chmod(0o755)
+    servers = json.dumps([{"unit": "b70-vllm", "port": 8000, "baseline": False},
+                          {"unit": "b70-vllm-baseline", "port": 8001, "baseline": True}])
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    journal = subprocess.run(host_module("journal"), input=servers, capture_output=True, text=True, env=env,
+                             timeout=60)
+    assert journal.returncode == 0, journal.stderr
+    assert (tmp_path / "argv").read_text().splitlines()[0] == "--unit b70-vllm --lines 400 --no-pager --output cat"
+    units = json.loads(journal.stdout)["units"]
+    assert [(unit["unit"], len(unit["lines"])) for unit in units] == [
+        ("b70-vllm", len(KV_CACHE_LOG.read_text().splitlines())), ("b70-vllm-baseline", 0)]
+    start = {"host": "h", "health_timeout_s": 900, "journal": json.loads(journal.stdout)}
+    found = json.loads(run("--start", "-", "--json", stdin=json.dumps(start)).stdout)
+    assert [[match["id"] for match in unit["failures"]] for unit in found["units"]] == [
+        ["kv-cache-larger-than-host-memory"], []]
+    bad = subprocess.run(host_module("journal"), input="[{\"unit\": \"b70 vllm\"}]", capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert bad.returncode == 2 and "give {\"unit\": NAME, \"port\": 1-65535}" in bad.stderr
