@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
-from b70ctl.host.memory import host_fit
+from b70ctl.host.fit import host_fit
 from b70ctl.recipes import load_recipe
 from b70host.facts import collect_facts
 from sysfs_trees import build_tree

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from b70ctl.cli import app, main
 from b70ctl.errors import BadInput
-from b70ctl.host.memory import host_fit, usable_gpus
+from b70ctl.host.fit import host_fit
+from b70ctl.host.memory import usable_gpus
 from b70ctl.recipes import load_recipe
 from b70host.facts import collect_facts
 from b70host.topology import CCL_PROFILES, TOPOLOGY_PATH, PairTopology, Probe, all_pairs, analyse, decide, topology

@@ -21,7 +21,8 @@ from rich.text import Text
 
 from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.host.memory import KV_CACHE_GIB_MIN, host_fit
+from b70ctl.host.fit import PlayHost, host_fit, play_fit
+from b70ctl.host.memory import KV_CACHE_GIB_MIN
 from b70ctl.host.model import load_facts
 from b70ctl.options import JsonOption, json_option
 from b70ctl.recipes import load_recipe
@@ -196,9 +197,27 @@ def fit_command(
         "--facts", help="Read the host's facts from this file (or - for stdin) instead of under --root")] = None,
     kv_cache_gib: Annotated[float, typer.Option("--kv-cache-gib", min=0, help="KV cache each card needs")] =
         KV_CACHE_GIB_MIN,
+    hosts: Annotated[str | None, typer.Option(
+        "--hosts", help="Every host of a play at once: a JSON list of {host, recipe, facts, gpus, disk_free_bytes, "
+                        "kernel_plan_needed} (- reads stdin); prints {host: fit} (preflight's one call)")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Does the recipe fit this host: GPU count and ids, per-card VRAM budget, host RAM. Exit 1 when it does not."""
+    """Does the recipe fit this host: GPU count and binding, per-card VRAM budget, host RAM, firmware, kernel, and
+    the model store's free space (--hosts). Exit 1 when it does not (with --hosts: when one host does not)."""
+    if hosts is not None:
+        if recipe is not None or recipe_argument is not None or facts is not None:
+            raise BadInput("--hosts names each host's recipe and facts: give it without --recipe and --facts")
+        fits = fit_play(hosts)
+        if as_json:
+            _print_json({name: fit.model_dump(mode="json") for name, fit in fits.items()})
+        else:
+            out = Console(soft_wrap=True)
+            for name, fit in fits.items():
+                out.print(f"{'[green]ok[/]' if fit.fits else '[red]FAIL[/]'} {escape(name)}: "
+                          f"{escape('; '.join(fit.reasons) or 'recipe ' + fit.recipe + ' fits')}", highlight=False)
+        if not all(fit.fits for fit in fits.values()):
+            raise typer.Exit(1)
+        return
     if recipe_argument is not None:
         if recipe is not None:
             raise BadInput(f"the recipe is given twice ({recipe_argument!r} and --recipe {recipe!r}): give --recipe "
@@ -218,13 +237,29 @@ def fit_command(
     else:
         out = Console()
         for name, part in (("GPUs", result.gpus), ("VRAM", result.card), ("RAM", result.ram),
-                           ("Firmware", result.firmware)):
+                           ("Firmware", result.firmware), ("Kernel", result.kernel)):
             if part is None:
                 continue
             mark = "[green]ok[/]" if part.fits else "[red]FAIL[/]"
             out.print(f"{mark} {name}: {part.reason}", highlight=False)
     if not result.fits:
         raise typer.Exit(1)
+
+
+def fit_play(source: str) -> dict[str, Any]:
+    """{host: HostFit} for preflight's list of play hosts; each distinct recipe is loaded once."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from b70ctl.files import read_bounded, read_bounded_stdin
+    where, fix = f"--hosts {source}", "pass preflight's list of {host, recipe, facts, ...} objects"
+    limit = 2**30  # thousands of hosts' GPU inventories
+    text = read_bounded_stdin(limit, where, fix) if source == "-" else read_bounded(source, limit, where, fix)
+    try:
+        play = TypeAdapter(list[PlayHost]).validate_json(text)
+    except ValidationError as error:
+        raise BadInput(f"{where}: {first_problem(error)}: {fix}") from error
+    recipes = {name: load_recipe(name) for name in dict.fromkeys(host.recipe for host in play)}
+    return {host.host: play_fit(host, recipes[host.recipe]) for host in play}
 
 
 @app.command("environment")

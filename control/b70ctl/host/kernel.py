@@ -38,7 +38,7 @@ class KernelPlan(BaseModel):
     release: str | None  # the codename the packages are for
 
 
-def _kernel_at_least(running: str | None, series: str) -> bool:
+def kernel_at_least(running: str | None, series: str) -> bool:
     """'6.17.0-1009-intel' against '6.17': the numeric part before the first '-' (Ubuntu's ABI suffix)."""
     if not running:
         return False
@@ -74,7 +74,7 @@ def kernel_plan(recipe: Recipe, facts: dict[str, Any], distribution: str, codena
                   in GUC_BROKEN]
     missing_files = sorted(name for name, entry in (facts.get("firmware_files") or {}).items()
                            if not entry.get("present"))
-    kernel_current = _kernel_at_least(running, release.kernel.series or "")
+    kernel_current = kernel_at_least(running, release.kernel.series or "")
     problems: list[str] = []
     packages: list[str] = []
     if unbound and not kernel_current:

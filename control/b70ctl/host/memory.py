@@ -1,4 +1,5 @@
-"""Does a recipe fit this host? Per-card VRAM and host RAM, as pure functions over the Recipe and the facts.
+"""Per-card VRAM, host RAM and GPU count of a recipe on a host, as pure functions over the Recipe and the facts
+(host/fit.py puts them together with the kernel, the disk and the firmware).
 
 Per card, with tensor parallelism splitting the target and every card holding the whole drafter:
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SerializeAsAny
+from pydantic import BaseModel, ConfigDict
 
 from b70ctl.recipes.model import Recipe
 from b70ctl.versions import version_at_least
@@ -72,18 +73,6 @@ class GpuCountFit(Fit):
     accepted_pci_ids: list[str]
     usable_gpu_count: int
     gpu_count_required: int
-
-
-class HostFit(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    recipe: str
-    fits: bool
-    reasons: list[str]
-    gpus: GpuCountFit
-    card: CardFit
-    ram: RamFit
-    firmware: SerializeAsAny[Fit] | None = None  # host/firmware.py FirmwareFit: GuC release and VRAM BAR
 
 
 def kv_cache_gib(tokens: int, attention_layers: int, kv_heads: int, head_dim: int, bytes_per_element: float) -> float:
@@ -180,9 +169,18 @@ def usable_gpus(recipe: Recipe, facts: dict[str, Any]) -> list[dict[str, Any]]:
             and (not accepted or (gpu.get("pci_id") or "").lower() in accepted)]
 
 
-def gpu_count_fit(recipe: Recipe, facts: dict[str, Any]) -> GpuCountFit:
-    required = recipe.host.gpu_count if recipe.host.accelerator == "xpu" else 0
-    usable = usable_gpus(recipe, facts)
+def gpu_count_fit(recipe: Recipe, facts: dict[str, Any], required: int | None = None,
+                  binding_pending: bool = False) -> GpuCountFit:
+    """Enough GPUs of the recipe's ids bound to xe: the recipe's count, or `required` (the inventory's b70_gpus).
+    `binding_pending`: the kernel plan installs the kernel that binds them, so the cards are counted bound or not."""
+    if recipe.host.accelerator != "xpu":
+        required = 0
+    elif required is None:
+        required = recipe.host.gpu_count
+    accepted_ids = {pci_id.lower() for pci_id in recipe.host.gpu_pci_ids}
+    usable = (usable_gpus(recipe, facts) if not binding_pending else
+              [gpu for gpu in facts.get("gpus", [])
+               if not accepted_ids or (gpu.get("pci_id") or "").lower() in accepted_ids])
     accepted = list(recipe.host.gpu_pci_ids)
     if len(usable) >= required:
         reason = f"{len(usable)} usable GPU(s) of {', '.join(accepted) or 'any id'}, {required} required"
@@ -204,17 +202,3 @@ def host_vram_gib(gpus: list[dict[str, Any]]) -> tuple[float | None, str]:
     if not known:
         return None, "recipe"
     return min(known)
-
-
-def host_fit(recipe: Recipe, facts: dict[str, Any], kv_cache_gib_required: float = KV_CACHE_GIB_MIN) -> HostFit:
-    gpus = gpu_count_fit(recipe, facts)
-    vram, source = host_vram_gib(usable_gpus(recipe, facts)[: max(recipe.serve.tensor_parallel_size, 1)])
-    card = card_fit(recipe, vram, source, kv_cache_gib_required)
-    from b70ctl.host.firmware import firmware_fit
-
-    visible = min(len(usable_gpus(recipe, facts)), recipe.serve.tensor_parallel_size)
-    ram = ram_fit(recipe, facts.get("ram_total_bytes"), peer_mirror_gib(recipe, card.usable_vram_gib, visible))
-    firmware = firmware_fit(recipe, facts)
-    failed = [part.reason for part in (gpus, card, ram, firmware) if not part.fits]
-    return HostFit(recipe=recipe.name, fits=not failed, reasons=failed, gpus=gpus, card=card, ram=ram,
-                   firmware=firmware)

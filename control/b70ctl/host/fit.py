@@ -1,0 +1,95 @@
+"""Does a recipe fit this host? Every verdict in one place: GPU count and driver binding, per-card VRAM, host RAM,
+the GuC firmware and VRAM BAR, the running kernel, the model store's free space.
+
+`b70ctl host fit` prints it for one host (its facts under --root, or from --facts); preflight asks it for every
+host of a play at once (`--hosts -`), with what only the play knows: the inventory's GPU count, the model store's
+free space and whether the kernel plan replaces the kernel first. While a kernel plan is pending, the checks that
+the new kernel settles (xe binding, firmware, the kernel release itself) wait for it: host_kernel checks them after
+the reboot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
+
+from b70ctl.documents import Document
+from b70ctl.host.firmware import firmware_fit
+from b70ctl.host.kernel import kernel_at_least
+from b70ctl.host.model import FactsDocument
+from b70ctl.host.memory import (GIB, KV_CACHE_GIB_MIN, CardFit, Fit, GpuCountFit, RamFit, card_fit, gpu_count_fit,
+                                host_vram_gib, peer_mirror_gib, ram_fit, usable_gpus)
+from b70ctl.recipes.model import Recipe
+
+# The way to a newer kernel on the releases the appliance provisions (host/releases.yaml).
+NEWER_KERNEL_FIX = ("boot a newer kernel of the distribution (24.04: linux-generic-hwe-24.04; 26.04: linux-generic) "
+                    "and make it the GRUB default")
+
+
+class HostFit(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    recipe: str
+    fits: bool
+    reasons: list[str] = Field(description="Each verdict that failed, with its fix")
+    gpus: GpuCountFit
+    card: CardFit
+    ram: RamFit
+    firmware: SerializeAsAny[Fit] | None = None  # host/firmware.py FirmwareFit: GuC release and VRAM BAR
+    kernel: Fit | None = Field(None, description="The running kernel against the recipe's kernel_min")
+    disk: Fit | None = Field(None, description="The model store's free space against the recipe's disk_gib_min")
+
+
+class PlayHost(Document):
+    """One host of a play, as preflight hands it to `b70ctl host fit --hosts -`."""
+
+    host: str = Field(min_length=1, description="The inventory name")
+    recipe: str = Field(min_length=1, description="b70_recipe: a recipe name or the path of a recipe file")
+    facts: FactsDocument = Field(description="The host package's GPU inventory (b70host.facts)")
+    gpus: int | None = Field(None, ge=0, description="b70_gpus: the GPUs the host serves with (default the recipe's)")
+    disk_free_bytes: int | None = Field(None, ge=0, description="Free bytes of the model store's filesystem")
+    kernel_plan_needed: bool = Field(False, description="The kernel plan installs a kernel and reboots first")
+
+
+def kernel_fit(recipe: Recipe, facts: dict[str, Any]) -> Fit | None:
+    minimum = recipe.host.kernel_min
+    if minimum is None:
+        return None
+    running = facts.get("kernel_release")
+    if kernel_at_least(running, minimum):
+        return Fit(fits=True, reason=f"kernel {running} is {minimum} or newer")
+    return Fit(fits=False, reason=f"kernel {running or '?'} is older than {minimum}, the oldest recipe {recipe.name} "
+                                  f"works with: {NEWER_KERNEL_FIX}")
+
+
+def disk_fit(recipe: Recipe, free_bytes: int) -> Fit:
+    free_gib, needed = free_bytes / GIB, recipe.host.disk_gib_min
+    shown = f"{free_gib:.1f} GiB free for the model store, recipe {recipe.name} needs {needed:g} GiB"
+    if free_gib >= needed:
+        return Fit(fits=True, reason=shown)
+    return Fit(fits=False, reason=f"{shown}: free space there, or set b70_model_store_dir to a larger filesystem")
+
+
+def host_fit(recipe: Recipe, facts: dict[str, Any], kv_cache_gib_required: float = KV_CACHE_GIB_MIN, *,
+             gpus_required: int | None = None, disk_free_bytes: int | None = None,
+             kernel_plan_needed: bool = False) -> HostFit:
+    gpus = gpu_count_fit(recipe, facts, gpus_required, binding_pending=kernel_plan_needed)
+    usable = usable_gpus(recipe, facts)
+    vram, source = host_vram_gib(usable[: max(recipe.serve.tensor_parallel_size, 1)])
+    card = card_fit(recipe, vram, source, kv_cache_gib_required)
+    visible = min(len(usable), recipe.serve.tensor_parallel_size)
+    ram = ram_fit(recipe, facts.get("ram_total_bytes"), peer_mirror_gib(recipe, card.usable_vram_gib, visible))
+    # The firmware and the kernel come with a pending kernel plan: host_kernel checks them after the reboot.
+    firmware = None if kernel_plan_needed else firmware_fit(recipe, facts)
+    kernel = None if kernel_plan_needed else kernel_fit(recipe, facts)
+    disk = None if disk_free_bytes is None else disk_fit(recipe, disk_free_bytes)
+    parts: list[Fit | None] = [gpus, card, ram, firmware, kernel, disk]
+    failed = [part.reason for part in parts if part is not None and not part.fits]
+    return HostFit(recipe=recipe.name, fits=not failed, reasons=failed, gpus=gpus, card=card, ram=ram,
+                   firmware=firmware, kernel=kernel, disk=disk)
+
+
+def play_fit(host: PlayHost, recipe: Recipe) -> HostFit:
+    return host_fit(recipe, host.facts.model_dump(), gpus_required=host.gpus, disk_free_bytes=host.disk_free_bytes,
+                    kernel_plan_needed=host.kernel_plan_needed)
