@@ -1,6 +1,7 @@
-"""`b70ctl host fit --hosts -`: preflight's one call for every host of a play, each host's verdicts (GPU count and
-binding, VRAM, RAM, firmware, kernel, the model store's free space) over its facts from the sysfs scenarios, and
-the document the preflight role hands it."""
+"""`b70ctl host fit --hosts -`: preflight's one call for every host of a play, each host's verdicts (release, GPU
+count and binding, VRAM, RAM, firmware, kernel, the model store's free space) and kernel plan over its facts from the
+sysfs scenarios, and the document the b70 role hands it. The releases are the appliance's matrix and, for the Debian
+test hosts, tests/fixtures/releases-testhosts.yaml (Debian's own release table)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from sysfs_trees import REPO, build_tree
 
 B70CTL = str(Path(sys.executable).with_name("b70ctl"))
 GIB = 2**30
+TESTHOSTS_MATRIX = REPO / "tests" / "fixtures" / "releases-testhosts.yaml"
+NOBLE = {"distribution": "Ubuntu", "codename": "noble"}
 
 
 def fit(hosts: list[dict], *args: str) -> subprocess.CompletedProcess[str]:
@@ -27,42 +30,59 @@ def fit(hosts: list[dict], *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_each_host_of_the_play_gets_every_verdict(tmp_path: Path) -> None:
     igpu = collect_facts(build_tree(tmp_path / "igpu", "b70-igpu"))
-    old_kernel = collect_facts(build_tree(tmp_path / "old", "b70x2-switch-old-kernel"))
     unbound = collect_facts(build_tree(tmp_path / "unbound", "xe-unbound"))
     hosts = [
         # One B70 on a 64 GB host, but 10 GiB free where the models go.
-        {"host": "small-disk", "recipe": "dspark-int4-tp1", "facts": igpu, "gpus": 1, "disk_free_bytes": 10 * GIB},
-        # Cards without xe under Debian 11's kernel: the kernel plan brings the kernel that binds them, so the
+        {"host": "small-disk", "recipe": "dspark-int4-tp1", "facts": igpu, "gpus": 1, "disk_free_bytes": 10 * GIB,
+         **NOBLE},
+        # Cards without xe under 24.04's GA kernel 6.8: the plan brings the HWE kernel that binds them, so the
         # binding, firmware and kernel verdicts wait for it.
-        {"host": "pending", "recipe": "pr620-fp8-tp2", "facts": old_kernel, "gpus": 2, "disk_free_bytes": 500 * GIB,
-         "kernel_plan_needed": True},
-        # The same kind of cards unbound under 6.8 with no plan: refused for the binding and the kernel.
-        {"host": "unbound", "recipe": "pr620-fp8-tp2", "facts": unbound, "gpus": 2, "disk_free_bytes": 500 * GIB},
-        {"host": "cpu", "recipe": "cpu-tiny", "facts": igpu, "gpus": 0, "disk_free_bytes": 500 * GIB},
+        {"host": "pending", "recipe": "pr620-fp8-tp2", "facts": unbound, "gpus": 2, "disk_free_bytes": 500 * GIB,
+         **NOBLE},
+        # The same host on a release past its end of life: nothing else is judged.
+        {"host": "eol", "recipe": "pr620-fp8-tp2", "facts": unbound, "gpus": 2, "disk_free_bytes": 500 * GIB,
+         "distribution": "Ubuntu", "codename": "oracular"},
+        {"host": "cpu", "recipe": "cpu-tiny", "facts": igpu, "gpus": 0, "disk_free_bytes": 500 * GIB, **NOBLE},
     ]
     result = fit(hosts, "--json")
     assert result.returncode == 1, result.stderr
     fits = json.loads(result.stdout)
-    assert list(fits) == ["small-disk", "pending", "unbound", "cpu"]
+    assert list(fits) == ["small-disk", "pending", "eol", "cpu"]
     assert fits["small-disk"]["reasons"] == ["10.0 GiB free for the model store, recipe dspark-int4-tp1 needs 40 GiB: "
                                              "free space there, or set b70_model_store_dir to a larger filesystem"]
-    assert fits["pending"]["fits"] and fits["pending"]["kernel"] is None and fits["pending"]["firmware"] is None
-    assert fits["pending"]["gpus"]["usable_gpu_count"] == 2
-    assert not fits["unbound"]["fits"] and len(fits["unbound"]["reasons"]) == 2
-    assert "bound to xe, host has 0" in fits["unbound"]["reasons"][0]
-    assert fits["unbound"]["reasons"][1].startswith("kernel 6.8.0-45-generic is older than 6.14")
+    assert not fits["small-disk"]["kernel_plan"]["needed"] and fits["small-disk"]["release"]["fits"]
+    pending = fits["pending"]
+    assert pending["fits"] and pending["kernel"] is None and pending["firmware"] is None, pending["reasons"]
+    assert pending["kernel_plan"]["needed"] and pending["kernel_plan"]["packages"][0] == "linux-generic-hwe-24.04"
+    assert pending["gpus"]["usable_gpu_count"] == 2
+    assert not fits["eol"]["fits"] and len(fits["eol"]["reasons"]) == 1
+    assert "oracular" in fits["eol"]["reasons"][0].lower()
     assert fits["cpu"]["fits"] and fits["cpu"]["reasons"] == []
     people = fit(hosts)
     assert people.returncode == 1 and people.stdout.splitlines()[0].startswith("FAIL small-disk: 10.0 GiB free")
     assert "ok pending: recipe pr620-fp8-tp2 fits" in people.stdout
 
 
-def test_the_preflight_role_hands_over_exactly_a_play_host() -> None:
-    tasks = yaml.safe_load((REPO / "roles/preflight/tasks/host.yml").read_text())
+def test_a_test_hosts_debian_is_accepted_only_on_a_test_host(tmp_path: Path) -> None:
+    old_kernel = collect_facts(build_tree(tmp_path, "b70x2-switch-old-kernel"))
+    host = {"host": "b70-app-4", "recipe": "pr620-fp8-tp2", "facts": old_kernel, "gpus": 2,
+            "disk_free_bytes": 500 * GIB, "distribution": "Debian", "codename": "bookworm",
+            "test_host_distributions": ["Debian"]}
+    # Debian's own matrix plans the kernel that binds the cards (what host_kernel's appliance test installs).
+    accepted = json.loads(fit([{**host, "test_host": True}], "--releases", str(TESTHOSTS_MATRIX), "--json").stdout)
+    assert accepted["b70-app-4"]["fits"] and accepted["b70-app-4"]["kernel_plan"]["needed"]
+    refused = fit([host], "--json")
+    assert refused.returncode == 1
+    reason = json.loads(refused.stdout)["b70-app-4"]["reasons"]
+    assert len(reason) == 1 and reason[0].endswith("(Debian is accepted only on test hosts, b70_test_host: true)")
+
+
+def test_the_b70_role_hands_over_exactly_a_play_host() -> None:
+    tasks = yaml.safe_load((REPO / "roles/b70/tasks/host_fit.yml").read_text())
     handed = next(task for task in tasks if task["name"] == "Name what the fit needs of this host")
-    assert set(handed["ansible.builtin.set_fact"]["preflight_fit_input"]) == set(PlayHost.model_fields)
-    call = next(task for task in tasks if task["name"] == "Ask b70ctl whether each host's recipe fits it")
-    assert call["ansible.builtin.command"]["argv"][1:] == ["host", "fit", "--hosts", "-", "--json"]
+    assert set(handed["ansible.builtin.set_fact"]["b70_host_fit_input"]) == set(PlayHost.model_fields)
+    call = next(task for task in tasks if task["name"] == "Fit every host of the play")
+    assert call["ansible.builtin.command"]["argv"][1:5] == ["host", "fit", "--hosts", "-"]
 
 
 @pytest.mark.parametrize(("args", "stdin", "named"), [

@@ -112,11 +112,12 @@ def test_the_readme_shows_the_matrix() -> None:
 
 
 def test_preflight_reads_the_matrix_through_b70ctl() -> None:
-    tasks = (REPO / "roles" / "preflight" / "tasks" / "host.yml").read_text()
-    assert "host, release" in tasks and "kernel-plan" in tasks
+    tasks = (REPO / "roles" / "b70" / "tasks" / "host_fit.yml").read_text()
+    assert "host, fit, --hosts, \"-\", --releases, \"{{ b70_release_matrix }}\"" in tasks
     defaults = yaml.safe_load((REPO / "roles" / "preflight" / "defaults" / "main.yml").read_text())
     assert "preflight_ubuntu_series" not in defaults  # the matrix is the one place
-    assert defaults["preflight_test_host_distributions"] == ["Debian"]
+    shared = yaml.safe_load((REPO / "roles" / "b70" / "defaults" / "main.yml").read_text())
+    assert shared["b70_test_host_distributions"] == ["Debian"]
 
 
 # The test hosts' matrix (tests/fixtures/releases-testhosts.yaml) rests on Debian's release table, distro-info-data's

@@ -186,6 +186,16 @@ def fallback_command(
         f"reason: {fallen['profile_reason']}")
 
 
+DistributionOption = Annotated[str | None, typer.Option(
+    "--distribution", show_default=False, help="Distribution as Ansible names it (Ubuntu, Debian); default from "
+    "<root>/etc/os-release")]
+CodenameOption = Annotated[str | None, typer.Option(
+    "--codename", show_default=False, help="Release codename (noble, resolute); default from <root>/etc/os-release")]
+ReleasesOption = Annotated[str | None, typer.Option(
+    "--releases", show_default=False, help="Release matrix file to read instead of the appliance's own "
+    "(control/b70ctl/host/releases.yaml), in its schema; empty: the appliance's own")]
+
+
 @app.command("fit")
 def fit_command(
     recipe_argument: Annotated[str | None, typer.Argument(
@@ -199,7 +209,9 @@ def fit_command(
         KV_CACHE_GIB_MIN,
     hosts: Annotated[str | None, typer.Option(
         "--hosts", help="Every host of a play at once: a JSON list of {host, recipe, facts, gpus, disk_free_bytes, "
-                        "kernel_plan_needed} (- reads stdin); prints {host: fit} (preflight's one call)")] = None,
+                        "distribution, codename} (- reads stdin); prints {host: fit}, each with its kernel plan "
+                        "(preflight's one call)")] = None,
+    releases: ReleasesOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Does the recipe fit this host: GPU count and binding, per-card VRAM budget, host RAM, firmware, kernel, and
@@ -207,7 +219,7 @@ def fit_command(
     if hosts is not None:
         if recipe is not None or recipe_argument is not None or facts is not None:
             raise BadInput("--hosts names each host's recipe and facts: give it without --recipe and --facts")
-        fits = fit_play(hosts)
+        fits = fit_play(hosts, releases)
         if as_json:
             _print_json({name: fit.model_dump(mode="json") for name, fit in fits.items()})
         else:
@@ -246,11 +258,12 @@ def fit_command(
         raise typer.Exit(1)
 
 
-def fit_play(source: str) -> dict[str, Any]:
+def fit_play(source: str, releases: str | None) -> dict[str, Any]:
     """{host: HostFit} for preflight's list of play hosts; each distinct recipe is loaded once."""
     from pydantic import TypeAdapter, ValidationError
 
     from b70ctl.files import read_bounded, read_bounded_stdin
+    from b70ctl.host.releases import load_matrix
     where, fix = f"--hosts {source}", "pass preflight's list of {host, recipe, facts, ...} objects"
     limit = 2**30  # thousands of hosts' GPU inventories
     text = read_bounded_stdin(limit, where, fix) if source == "-" else read_bounded(source, limit, where, fix)
@@ -259,7 +272,8 @@ def fit_play(source: str) -> dict[str, Any]:
     except ValidationError as error:
         raise BadInput(f"{where}: {first_problem(error)}: {fix}") from error
     recipes = {name: load_recipe(name) for name in dict.fromkeys(host.recipe for host in play)}
-    return {host.host: play_fit(host, recipes[host.recipe]) for host in play}
+    matrix = load_matrix(releases)
+    return {host.host: play_fit(host, recipes[host.recipe], matrix) for host in play}
 
 
 @app.command("environment")
@@ -291,16 +305,6 @@ def environment_command(
     out = Console(highlight=False, markup=False, soft_wrap=True)
     for key, value in document.items():
         out.print(f"{key}: {value if isinstance(value, (str, int, float)) else json.dumps(value)}")
-
-
-DistributionOption = Annotated[str | None, typer.Option(
-    "--distribution", show_default=False, help="Distribution as Ansible names it (Ubuntu, Debian); default from "
-    "<root>/etc/os-release")]
-CodenameOption = Annotated[str | None, typer.Option(
-    "--codename", show_default=False, help="Release codename (noble, resolute); default from <root>/etc/os-release")]
-ReleasesOption = Annotated[str | None, typer.Option(
-    "--releases", show_default=False, help="Release matrix file to read instead of the appliance's own "
-    "(control/b70ctl/host/releases.yaml), in its schema; empty: the appliance's own")]
 
 
 def _distribution_and_codename(root: str, distribution: str | None, codename: str | None) -> tuple[str, str]:

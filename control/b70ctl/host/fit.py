@@ -1,11 +1,11 @@
-"""Does a recipe fit this host? Every verdict in one place: GPU count and driver binding, per-card VRAM, host RAM,
-the GuC firmware and VRAM BAR, the running kernel, the model store's free space.
+"""Does a recipe fit this host? Every verdict in one place: the release (with --hosts), GPU count and driver binding,
+per-card VRAM, host RAM, the GuC firmware and VRAM BAR, the running kernel, the model store's free space.
 
 `b70ctl host fit` prints it for one host (its facts under --root, or from --facts); preflight asks it for every
 host of a play at once (`--hosts -`), with what only the play knows: the inventory's GPU count, the model store's
-free space and whether the kernel plan replaces the kernel first. While a kernel plan is pending, the checks that
-the new kernel settles (xe binding, firmware, the kernel release itself) wait for it: host_kernel checks them after
-the reboot.
+free space and the host's release, from which each host's kernel plan (host/kernel.py) is made in the same run.
+While a kernel plan is pending, the checks that the new kernel settles (xe binding, firmware, the kernel release
+itself) wait for it: host_kernel checks them after the reboot.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
 from b70ctl.documents import Document
 from b70ctl.host.firmware import firmware_fit
-from b70ctl.host.kernel import kernel_at_least
+from b70ctl.host.kernel import KernelPlan, kernel_at_least, kernel_plan
 from b70ctl.host.model import FactsDocument
+from b70ctl.host.releases import ReleaseMatrix, release_verdict
 from b70ctl.host.memory import (GIB, KV_CACHE_GIB_MIN, CardFit, Fit, GpuCountFit, RamFit, card_fit, gpu_count_fit,
                                 host_vram_gib, peer_mirror_gib, ram_fit, usable_gpus)
 from b70ctl.recipes.model import Recipe
@@ -39,6 +40,8 @@ class HostFit(BaseModel):
     firmware: SerializeAsAny[Fit] | None = None  # host/firmware.py FirmwareFit: GuC release and VRAM BAR
     kernel: Fit | None = Field(None, description="The running kernel against the recipe's kernel_min")
     disk: Fit | None = Field(None, description="The model store's free space against the recipe's disk_gib_min")
+    release: Fit | None = Field(None, description="With --hosts: the host's release against the release matrix")
+    kernel_plan: KernelPlan | None = Field(None, description="With --hosts: what the host_kernel role installs first")
 
 
 class PlayHost(Document):
@@ -49,7 +52,12 @@ class PlayHost(Document):
     facts: FactsDocument = Field(description="The host package's GPU inventory (b70host.facts)")
     gpus: int | None = Field(None, ge=0, description="b70_gpus: the GPUs the host serves with (default the recipe's)")
     disk_free_bytes: int | None = Field(None, ge=0, description="Free bytes of the model store's filesystem")
-    kernel_plan_needed: bool = Field(False, description="The kernel plan installs a kernel and reboots first")
+    distribution: str = Field(description="Ansible's distribution fact (Ubuntu, Debian)")
+    codename: str = Field(description="Ansible's distribution_release fact (noble, resolute)")
+    test_host: bool = Field(False, description="b70_test_host: a systemd test host, whose distribution may be one of "
+                                               "test_host_distributions")
+    test_host_distributions: list[str] = Field(default_factory=list,
+                                               description="Distributions accepted on test hosts beside the matrix")
 
 
 def kernel_fit(recipe: Recipe, facts: dict[str, Any]) -> Fit | None:
@@ -90,6 +98,26 @@ def host_fit(recipe: Recipe, facts: dict[str, Any], kv_cache_gib_required: float
                    firmware=firmware, kernel=kernel, disk=disk)
 
 
-def play_fit(host: PlayHost, recipe: Recipe) -> HostFit:
-    return host_fit(recipe, host.facts.model_dump(), gpus_required=host.gpus, disk_free_bytes=host.disk_free_bytes,
-                    kernel_plan_needed=host.kernel_plan_needed)
+def release_fit(host: PlayHost, matrix: ReleaseMatrix) -> Fit:
+    verdict = release_verdict(host.distribution, host.codename, matrix=matrix)
+    if verdict.supported:
+        return Fit(fits=True, reason=verdict.message)
+    if host.test_host and host.distribution in host.test_host_distributions:
+        return Fit(fits=True, reason=f"{host.distribution} {host.codename}: accepted on a test host")
+    accepted = "/".join(host.test_host_distributions)
+    return Fit(fits=False, reason=verdict.message + (f" ({accepted} is accepted only on test hosts, b70_test_host: "
+                                                     "true)" if accepted else ""))
+
+
+def play_fit(host: PlayHost, recipe: Recipe, matrix: ReleaseMatrix) -> HostFit:
+    """One host of a play: its release first (on a release the appliance does not provision, nothing else is
+    judged), then the kernel plan and every verdict of host_fit."""
+    release = release_fit(host, matrix)
+    facts = host.facts.model_dump()
+    plan = kernel_plan(recipe, facts, host.distribution, host.codename, matrix)
+    fit = host_fit(recipe, facts, gpus_required=host.gpus, disk_free_bytes=host.disk_free_bytes,
+                   kernel_plan_needed=plan.needed)
+    if not release.fits:
+        return fit.model_copy(update={"fits": False, "reasons": [release.reason], "release": release,
+                                      "kernel_plan": plan})
+    return fit.model_copy(update={"release": release, "kernel_plan": plan})
