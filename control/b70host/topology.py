@@ -630,6 +630,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--fallback-record", default=None, metavar="PATH",
                         help="the serve gate's record of a p2p start that died (%s): no-p2p while it names the "
                              "group" % FALLBACK_PATH)
+    parser.add_argument("--document", action="store_true",
+                        help="print the topology document itself, as --write would write it (without changed/path)")
     args = parser.parse_args(argv)
     bad = [pci_id for pci_id in args.pci_ids if not _is_pci_id(pci_id)]
     if bad:
@@ -647,7 +649,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except TopologyRefused as refused:
         sys.stderr.write("error: %s\n" % refused)
         return 2
-    sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    if args.document:
+        sys.stdout.write(render_document({key: value for key, value in result.items()
+                                          if key not in ("changed", "path")}))
+    else:
+        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
     return 0
 
 

@@ -150,8 +150,20 @@ def test_the_gpu_topology_role_passes_the_record_beside_topology_json() -> None:
     tasks = yaml.safe_load((REPO / "roles/gpu_topology/tasks/main.yml").read_text())
     decide = next(task for task in tasks if task["name"] == "Decide P2P and the oneCCL profile")
     argv = decide["ansible.builtin.command"]["argv"]
-    assert "'--fallback-record', (gpu_topology_path | dirname) ~ '/ccl-fallback.json'" in argv
+    assert "'--fallback-record', (gpu_topology_path | dirname) ~ '/ccl-fallback.json', '--document'" in argv
     assert FALLBACK_PATH == "/etc/b70/ccl-fallback.json"
+
+
+def test_the_document_the_role_copies_is_the_one_write_writes(tmp_path: Path) -> None:
+    """The role writes topology.json from --document's stdout (the command module drops its last newline): the same
+    bytes topology.py's own --write leaves, and a document the serve renderer reads."""
+    root = build_tree(tmp_path, "b70x2-switch")
+    printed = run_script("--root", root, "--profile", "p2p", "--document")
+    assert printed.returncode == 0, printed.stderr
+    assert run_script("--root", root, "--profile", "p2p", "--write").returncode == 0
+    written = (Path(root) / "etc" / "b70" / "topology.json").read_text()
+    assert printed.stdout == written and "changed" not in json.loads(written)
+    assert TopologyDocument.model_validate_json(printed.stdout).profile == "p2p"
 
 
 def test_the_report_says_which_profile_and_why(tmp_path: Path) -> None:
