@@ -60,8 +60,8 @@ def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
 @pytest.fixture(scope="session")
 def provisioned(appliance: Appliance) -> tuple[Appliance, list[str], PlaybookRun]:
     """The whole site.yml, once, on the P2P and the no-P2P host with the cpu-tiny recipe: host stages, the CPU
-    image built on the controller and loaded, tiny models generated on each host, vLLM under systemd, verify and
-    the fleet report. Every test of the hosts' state reads what this run left."""
+    image built on the controller and loaded, tiny models generated once on the controller and sent, vLLM under
+    systemd, verify and the fleet report. Every test of the hosts' state reads what this run left."""
     hosts = [appliance.host(1), appliance.host(2)]
     inventory = appliance.inventory("provision", hosts)
     first = run_playbook(inventory)

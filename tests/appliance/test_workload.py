@@ -1,7 +1,7 @@
 """The workload stages of site.yml on the two real test hosts, after the session's full site.yml run: the CPU
-image built on the controller and loaded, tiny models generated on each host, vLLM under systemd with draft-model
-speculation, verify from the controller and the fleet report; then the faults each stage must survive without
-taking the serving appliance down."""
+image built on the controller and loaded, tiny models generated once on the controller and sent, vLLM under
+systemd with draft-model speculation, verify from the controller and the fleet report; then the faults each stage
+must survive without taking the serving appliance down."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ class Strict(BaseModel):
 
 
 class ModelSpec(Strict):
-    """A model the appliance serves: downloaded from a hub at a pinned revision, or generated on the host."""
+    """A model the appliance serves: downloaded from a hub at a pinned revision, or generated on the controller."""
 
     repo: str | None = Field(None, description="Hub repo id, e.g. Qwen/Qwen3.8-27B-FP8")
     revision: str | None = Field(None, description="Branch or tag to resolve; the lock pins the 40-hex commit")
