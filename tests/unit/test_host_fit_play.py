@@ -95,3 +95,17 @@ def test_a_bad_play_is_one_line_and_exit_2(args: list[str], stdin: object, named
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and named in result.stderr, result.stderr
+
+
+def test_a_kernel_older_than_the_recipes_names_each_releases_kernel_package(tmp_path: Path) -> None:
+    """No card to bind (so no kernel plan) under 24.04's GA kernel 6.8: refused against the recipe's kernel_min 6.14,
+    with the kernel package of each release the matrix provisions (test_host_releases ties them to Ubuntu's
+    archive: the 24.04 HWE meta-package, 26.04's linux-generic)."""
+    facts = collect_facts(build_tree(tmp_path, "no-intel-gpu"))
+    result = fit([{"host": "h", "recipe": "pr620-fp8-tp2", "facts": facts, "gpus": 2, "disk_free_bytes": 500 * GIB,
+                   **NOBLE}], "--json")
+    fitted = json.loads(result.stdout)["h"]
+    assert not fitted["kernel_plan"]["needed"]
+    assert fitted["kernel"]["reason"] == (
+        "kernel 6.8.0-45-generic is older than 6.14, the oldest recipe pr620-fp8-tp2 works with: boot a newer kernel "
+        "of the distribution (24.04: linux-generic-hwe-24.04; 26.04: linux-generic) and make it the GRUB default")

@@ -18,15 +18,10 @@ from b70ctl.documents import Document
 from b70ctl.host.firmware import firmware_fit
 from b70ctl.host.kernel import KernelPlan, kernel_at_least, kernel_plan
 from b70ctl.host.model import FactsDocument
-from b70ctl.host.releases import ReleaseMatrix, release_verdict
+from b70ctl.host.releases import ReleaseMatrix, load_matrix, release_verdict
 from b70ctl.host.memory import (GIB, KV_CACHE_GIB_MIN, CardFit, Fit, GpuCountFit, RamFit, card_fit, gpu_count_fit,
                                 host_vram_gib, peer_mirror_gib, ram_fit, usable_gpus)
 from b70ctl.recipes.model import Recipe
-
-# The way to a newer kernel on the releases the appliance provisions (host/releases.yaml).
-NEWER_KERNEL_FIX = ("boot a newer kernel of the distribution (24.04: linux-generic-hwe-24.04; 26.04: linux-generic) "
-                    "and make it the GRUB default")
-
 
 class HostFit(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -60,7 +55,14 @@ class PlayHost(Document):
                                                description="Distributions accepted on test hosts beside the matrix")
 
 
-def kernel_fit(recipe: Recipe, facts: dict[str, Any]) -> Fit | None:
+def newer_kernel_fix(matrix: ReleaseMatrix) -> str:
+    """The way to a newer kernel, from the release matrix: each provisioned release's kernel package."""
+    packages = "; ".join(f"{release.version}: {release.kernel.package}" for release in matrix.releases
+                         if release.support == "supported" and release.kernel is not None and release.kernel.package)
+    return f"boot a newer kernel of the distribution ({packages}) and make it the GRUB default"
+
+
+def kernel_fit(recipe: Recipe, facts: dict[str, Any], matrix: ReleaseMatrix | None = None) -> Fit | None:
     minimum = recipe.host.kernel_min
     if minimum is None:
         return None
@@ -68,7 +70,7 @@ def kernel_fit(recipe: Recipe, facts: dict[str, Any]) -> Fit | None:
     if kernel_at_least(running, minimum):
         return Fit(fits=True, reason=f"kernel {running} is {minimum} or newer")
     return Fit(fits=False, reason=f"kernel {running or '?'} is older than {minimum}, the oldest recipe {recipe.name} "
-                                  f"works with: {NEWER_KERNEL_FIX}")
+                                  f"works with: {newer_kernel_fix(matrix or load_matrix())}")
 
 
 def disk_fit(recipe: Recipe, free_bytes: int) -> Fit:
@@ -81,7 +83,7 @@ def disk_fit(recipe: Recipe, free_bytes: int) -> Fit:
 
 def host_fit(recipe: Recipe, facts: dict[str, Any], kv_cache_gib_required: float = KV_CACHE_GIB_MIN, *,
              gpus_required: int | None = None, disk_free_bytes: int | None = None,
-             kernel_plan_needed: bool = False) -> HostFit:
+             kernel_plan_needed: bool = False, matrix: ReleaseMatrix | None = None) -> HostFit:
     gpus = gpu_count_fit(recipe, facts, gpus_required, binding_pending=kernel_plan_needed)
     usable = usable_gpus(recipe, facts)
     vram, source = host_vram_gib(usable[: max(recipe.serve.tensor_parallel_size, 1)])
@@ -90,7 +92,7 @@ def host_fit(recipe: Recipe, facts: dict[str, Any], kv_cache_gib_required: float
     ram = ram_fit(recipe, facts.get("ram_total_bytes"), peer_mirror_gib(recipe, card.usable_vram_gib, visible))
     # The firmware and the kernel come with a pending kernel plan: host_kernel checks them after the reboot.
     firmware = None if kernel_plan_needed else firmware_fit(recipe, facts)
-    kernel = None if kernel_plan_needed else kernel_fit(recipe, facts)
+    kernel = None if kernel_plan_needed else kernel_fit(recipe, facts, matrix)
     disk = None if disk_free_bytes is None else disk_fit(recipe, disk_free_bytes)
     parts: list[Fit | None] = [gpus, card, ram, firmware, kernel, disk]
     failed = [part.reason for part in parts if part is not None and not part.fits]
@@ -116,7 +118,7 @@ def play_fit(host: PlayHost, recipe: Recipe, matrix: ReleaseMatrix) -> HostFit:
     facts = host.facts.model_dump()
     plan = kernel_plan(recipe, facts, host.distribution, host.codename, matrix)
     fit = host_fit(recipe, facts, gpus_required=host.gpus, disk_free_bytes=host.disk_free_bytes,
-                   kernel_plan_needed=plan.needed)
+                   kernel_plan_needed=plan.needed, matrix=matrix)
     if not release.fits:
         return fit.model_copy(update={"fits": False, "reasons": [release.reason], "release": release,
                                       "kernel_plan": plan})
