@@ -97,6 +97,16 @@ def test_a_bad_play_is_one_line_and_exit_2(args: list[str], stdin: object, named
     assert result.stderr.count("\n") == 1 and named in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(("name", "problem"), [("absent.json", "No such file or directory"), (".", "Is a directory")])
+def test_a_hosts_file_that_cannot_be_read_is_one_line_and_exit_2(tmp_path: Path, name: str, problem: str) -> None:
+    path = tmp_path / name
+    result = subprocess.run([B70CTL, "host", "fit", "--hosts", str(path), "--json"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"error: --hosts {path}: {problem}: pass preflight's list of {{host, recipe, facts, ...}} " \
+                            "objects\n", result.stderr
+
+
 def test_a_kernel_older_than_the_recipes_names_each_releases_kernel_package(tmp_path: Path) -> None:
     """No card to bind (so no kernel plan) under 24.04's GA kernel 6.8: refused against the recipe's kernel_min 6.14,
     with the kernel package of each release the matrix provisions (test_host_releases ties them to Ubuntu's

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.host.fit import PlayHost, host_fit, play_fit
+from b70ctl.host.fit import HostFit, PlayHost, host_fit, play_fit
 from b70ctl.host.memory import KV_CACHE_GIB_MIN
 from b70ctl.host.model import load_facts
 from b70ctl.options import JsonOption, json_option
@@ -209,8 +209,8 @@ def fit_command(
         KV_CACHE_GIB_MIN,
     hosts: Annotated[str | None, typer.Option(
         "--hosts", help="Every host of a play at once: a JSON list of {host, recipe, facts, gpus, disk_free_bytes, "
-                        "distribution, codename} (- reads stdin); prints {host: fit}, each with its kernel plan "
-                        "(preflight's one call)")] = None,
+                        "distribution, codename, test_host, test_host_distributions} (- reads stdin); prints "
+                        "{host: fit}, each with its kernel plan (preflight's one call)")] = None,
     releases: ReleasesOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -258,7 +258,7 @@ def fit_command(
         raise typer.Exit(1)
 
 
-def fit_play(source: str, releases: str | None) -> dict[str, Any]:
+def fit_play(source: str, releases: str | None) -> dict[str, HostFit]:
     """{host: HostFit} for preflight's list of play hosts; each distinct recipe is loaded once."""
     from pydantic import TypeAdapter, ValidationError
 
@@ -266,7 +266,10 @@ def fit_play(source: str, releases: str | None) -> dict[str, Any]:
     from b70ctl.host.releases import load_matrix
     where, fix = f"--hosts {source}", "pass preflight's list of {host, recipe, facts, ...} objects"
     limit = 2**30  # thousands of hosts' GPU inventories
-    text = read_bounded_stdin(limit, where, fix) if source == "-" else read_bounded(source, limit, where, fix)
+    try:
+        text = read_bounded_stdin(limit, where, fix) if source == "-" else read_bounded(source, limit, where, fix)
+    except OSError as error:  # missing, a directory, unreadable: the file, not the document, is the problem
+        raise BadInput(f"{where}: {error.strerror}: {fix}") from error
     try:
         play = TypeAdapter(list[PlayHost]).validate_json(text)
     except ValidationError as error:
