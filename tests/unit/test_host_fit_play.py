@@ -103,8 +103,8 @@ def test_a_hosts_file_that_cannot_be_read_is_one_line_and_exit_2(tmp_path: Path,
     result = subprocess.run([B70CTL, "host", "fit", "--hosts", str(path), "--json"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == f"error: --hosts {path}: {problem}: pass preflight's list of {{host, recipe, facts, ...}} " \
-                            "objects\n", result.stderr
+    fix = "pass preflight's list of {host, recipe, facts, ...} objects"
+    assert result.stderr == f"error: --hosts {path}: {problem}: {fix}\n", result.stderr
 
 
 def test_a_kernel_older_than_the_recipes_names_each_releases_kernel_package(tmp_path: Path) -> None:

@@ -49,11 +49,27 @@ def p2p_host(tmp_path: Path) -> tuple[dict, str]:
     return collect_facts(root), (Path(root) / TOPOLOGY_PATH.lstrip("/")).read_text()
 
 
+IMAGE_ID = "sha256:" + "a" * 64
+
+
+def recorded_documents() -> dict[str, dict]:
+    """/etc/b70/image.json and models.json as the image and model stages write them: `b70ctl image record` of an
+    image built on the controller, `b70ctl model record` of a fetch into the host's store."""
+    provided = {"recipe": "pr620-fp8-tp2", "source": "build", "reference": "localhost/b70/vllm-xpu:0.21.0",
+                "vllm_version": "0.21.0", "id": IMAGE_ID, "archive": "/tmp/archive.tar", "labels": {}}
+    image = invoke("image", "record", "--id", IMAGE_ID, "--json", stdin=json.dumps(provided))
+    fetched = {"recipe": "pr620-fp8-tp2", "dest": "/cache", "source": "hub", "changed": False, "quarantined": [],
+               "models": [{"role": role, "path": f"/cache/{role}", "revision": f"r-{role}", "changed": False,
+                           "files": []} for role in ("target", "drafter")]}
+    models = invoke("model", "record", "--store-dir", "/var/lib/b70/models/pr620-fp8-tp2", "--json",
+                    stdin=json.dumps(fetched))
+    assert image.exit_code == 0 and models.exit_code == 0, (image.output, models.output)
+    return {"image": json.loads(image.stdout), "models": json.loads(models.stdout)}
+
+
 def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
     facts, topology_text = p2p_host
-    bundle = {"hostname": "b70-a", "facts": facts, "topology": json.loads(topology_text),
-              "image": {"id": "sha256:" + "a" * 64, "vllm_version": "0.21.0"},
-              "models": {"target": {"revision": "r-target"}, "drafter": {"revision": "r-drafter"}},
+    bundle = {"hostname": "b70-a", "facts": facts, "topology": json.loads(topology_text), **recorded_documents(),
               "compute_runtime": "26.14.37833.4-1~24.04~ppa1",
               "serve": {"argv": ["--model", "/models/target", "--speculative-config", '{"k": 4}'],
                         "env": {"ZE_AFFINITY_MASK": "0,1", "CCL_TOPO_P2P_ACCESS": "1"}}}
@@ -84,9 +100,8 @@ def test_the_bundle_collected_on_the_host_maps_as_the_documents_say(tmp_path: Pa
     root = build_tree(tmp_path, "b70x2-switch")
     topology(root, tensor_parallel_size=2, profile="p2p", probe="never", write=True)
     etc = Path(root) / "etc" / "b70"
-    (etc / "image.json").write_text(json.dumps({"id": "sha256:" + "a" * 64, "vllm_version": "0.21.0"}))
-    (etc / "models.json").write_text(json.dumps({"target": {"path": "/m/target", "revision": "r-target"},
-                                                 "drafter": {"path": "/m/drafter", "revision": "r-drafter"}}))
+    for name, document in recorded_documents().items():
+        (etc / f"{name}.json").write_text(json.dumps(document, indent=2))
     collected = subprocess.run(host_module("bundle", "--hostname", "b70-a", "--root", root, "--etc-dir", str(etc)),
                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert collected.returncode == 0, collected.stderr
@@ -115,6 +130,12 @@ def test_host_environment_of_a_bare_host_and_bad_input() -> None:
     assert people.exit_code == 0 and "hostname: h" in people.stdout.splitlines()
     bad = invoke("host", "environment", "--recipe", "cpu-tiny", stdin=json.dumps({"facts": [1]}))
     assert bad.exit_code == 2 and "host bundle on stdin is invalid" in bad.output
+    # Each stage's document is read with the model of the command that wrote it: an image.json of another schema
+    # (hand-written, or left by an older release) is named, not reported as an image without a digest.
+    stale = invoke("host", "environment", "--recipe", "cpu-tiny", stdin=json.dumps(
+        {"hostname": "h", "image": {"image_id": IMAGE_ID}}))
+    assert stale.exit_code == 2 and stale.output.startswith("host bundle on stdin is invalid (image.recipe: Field "
+                                                            "required)"), stale.output
 
 
 def test_host_fit_reads_another_hosts_facts_from_stdin(p2p_host) -> None:

@@ -16,28 +16,32 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from b70ctl.documents import Document
-from b70ctl.host.model import FactsDocument
+from b70ctl.host.model import FactsDocument, TopologyDocument
+from b70ctl.image.documents import InstalledImage
 from b70ctl.lock.model import Lock, appliance_hash
+from b70ctl.models.record import ModelsRecord
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import Environment
+from b70ctl.serve.render import ServeCommand
 
 
 class HostBundle(Document):
-    """What the role collects on a host; every part may be missing (a host stage that has not run yet)."""
+    """What the role collects on a host (b70host.bundle), each document read with the model of the command that
+    wrote it; every part may be missing (a stage that has not run yet: b70host.bundle sends {})."""
 
     hostname: str | None = None
     facts: FactsDocument | None = Field(None, description="The b70 fact (b70host/facts.py output)")
-    topology: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/topology.json")
-    image: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/image.json")
-    models: dict[str, Any] = Field(default_factory=dict, description="/etc/b70/models.json")
+    topology: TopologyDocument | None = Field(None, description="/etc/b70/topology.json (b70host.topology)")
+    image: InstalledImage | None = Field(None, description="/etc/b70/image.json (`b70ctl image record --json`)")
+    models: ModelsRecord | None = Field(None, description="/etc/b70/models.json (`b70ctl model record --json`)")
     compute_runtime: str | None = Field(None, description="Installed version of Intel's Level Zero GPU driver")
-    serve: dict[str, Any] = Field(default_factory=dict, description="`b70ctl serve render` output of the measured "
-                                                                     "server (/etc/b70/serve.json)")
+    serve: ServeCommand | None = Field(None, description="`b70ctl serve render --json` of the measured server "
+                                                         "(/etc/b70/serve.json)")
 
-    @field_validator("facts", mode="before")
+    @field_validator("facts", "topology", "image", "models", "serve", mode="before")
     @classmethod
-    def _no_facts_yet(cls, value: Any) -> Any:
-        """The role sends {} for a host whose gpu_topology stage has not run: no facts, not broken ones."""
+    def _not_written_yet(cls, value: Any) -> Any:
+        """{} is a document its stage has not written yet: nothing, not a broken one."""
         return None if value == {} else value
 
 
@@ -67,51 +71,43 @@ def hardware_root(facts: FactsDocument) -> str | None:
     return facts.root
 
 
-def _revision(models: dict[str, Any], role: str) -> str | None:
-    entry = models.get(role)
-    return str(entry["revision"]) if isinstance(entry, dict) and entry.get("revision") else None
-
-
-def serve_command_line(rendered: dict[str, Any]) -> str | None:
+def serve_command_line(rendered: ServeCommand) -> str | None:
     """The rendered server as one shell line a person can read and re-run: env assignments, then the vLLM
     arguments (the API key is never among them: it travels in a file)."""
-    argv = rendered.get("argv")
-    if not isinstance(argv, list) or not argv:
+    if not rendered.argv:
         return None
-    env = rendered.get("env")
-    if not isinstance(env, dict):
-        env = {}
-    assignments = [f"{name}={shlex.quote(str(value))}" for name, value in sorted(env.items())]
-    return " ".join([*assignments, "vllm", "serve", *(shlex.quote(str(arg)) for arg in argv)])
+    assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(rendered.env.items())]
+    return " ".join([*assignments, "vllm", "serve", *(shlex.quote(arg) for arg in rendered.argv)])
 
 
-def profile_reason(topology: dict[str, Any]) -> str | None:
+def profile_reason(topology: TopologyDocument) -> str | None:
     """Why the host serves its oneCCL profile, with who chose it: the topology's own rule, the owner's override,
     or the serve gate's fallback after a p2p start died."""
-    reason, source = topology.get("profile_reason"), topology.get("profile_source")
-    if not reason:
+    if not topology.profile_reason:
         return None
-    return f"{source}: {reason}" if source in ("override", "fallback") else str(reason)
+    if topology.profile_source in ("override", "fallback"):
+        return f"{topology.profile_source}: {topology.profile_reason}"
+    return topology.profile_reason
 
 
 def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environment:
-    facts = bundle.facts
+    facts, image, models, topology = bundle.facts, bundle.image, bundle.models, bundle.topology
     by_model = facts.gpu_count_by_model if facts else {}
     return Environment(
         hostname=bundle.hostname,
         appliance_hash=appliance_hash(recipe, lock),
-        image_digest=bundle.image.get("digest") or bundle.image.get("id"),
-        vllm_version=bundle.image.get("vllm_version"),
-        model_revision=_revision(bundle.models, "target"),
-        drafter_revision=_revision(bundle.models, "drafter"),
+        image_digest=(image.digest or image.id) if image else None,
+        vllm_version=image.vllm_version if image else None,
+        model_revision=models.target.revision if models else None,
+        drafter_revision=models.drafter.revision if models and models.drafter else None,
         kernel=facts.kernel_release if facts else None,
         xe_guc_firmware=_firmware_version(facts, "guc") if facts else None,
         xe_huc_firmware=_firmware_version(facts, "huc") if facts else None,
         compute_runtime=bundle.compute_runtime,
         gpu_count=facts.gpu_count if facts else None,
         gpu_model=", ".join(f"{count}x {name}" for name, count in sorted(by_model.items())) or None,
-        p2p_profile=bundle.topology.get("profile"),
-        p2p_profile_reason=profile_reason(bundle.topology),
-        serve_command=serve_command_line(bundle.serve),
+        p2p_profile=topology.profile if topology else None,
+        p2p_profile_reason=profile_reason(topology) if topology else None,
+        serve_command=serve_command_line(bundle.serve) if bundle.serve else None,
         hardware_root=hardware_root(facts) if facts else None,
     )
