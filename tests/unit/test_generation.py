@@ -71,6 +71,17 @@ def test_recorded_and_unchanged_is_converged_and_the_store_is_root_only(tmp_path
     assert (os.stat(tmp_path / "store" / "generation.json").st_mode & 0o777) == 0o600
 
 
+def test_the_state_digest_is_what_the_stage_left(tmp_path: Path, managed: Path) -> None:
+    """Record and check name the same state when nothing changed, and another once a file did: with the inputs
+    digest, what a replication report is recorded as measuring."""
+    recorded = record(tmp_path)["state_digest"]
+    assert check(tmp_path)["state_digest"] == recorded
+    (managed / "conf.d" / "a.conf").write_text("a=2\n")
+    drifted = check(tmp_path)
+    assert drifted["converged"] is False and drifted["state_digest"] != recorded
+    assert record(tmp_path)["state_digest"] == drifted["state_digest"]
+
+
 def test_other_inputs_are_not_converged(tmp_path: Path, managed: Path) -> None:
     record(tmp_path)
     result = check(tmp_path, digest="e" * 64)
@@ -196,6 +207,22 @@ def action_plugin(expression: str, stdin: object = None) -> object:
     result = subprocess.run([sys.executable, "-c", script], input=json.dumps(stdin), capture_output=True,
                             text=True, check=True)
     return json.loads(result.stdout)
+
+
+def test_the_measured_key_names_a_whole_configuration_only() -> None:
+    """A report is kept only for a configuration known whole: every stage at this run's generation. Any stage's
+    state, or the inputs, is another configuration."""
+    stages = ["host", "image", "models", "serve"]
+    whole = {stage: stage[0] * 64 for stage in stages}
+    keys = action_plugin("[plugin.measured_key(*each) for each in request]", [
+        ["d" * 64, whole, stages], ["d" * 64, dict(reversed(whole.items())), stages],
+        ["d" * 64, {**whole, "serve": "f" * 64}, stages], ["e" * 64, whole, stages],
+        ["d" * 64, {stage: whole[stage] for stage in stages[:3]}, stages], ["d" * 64, whole, None]])
+    assert isinstance(keys, list)
+    same, reordered, other_serve, other_inputs, partial, no_stages = keys
+    assert len(same) == 64 and same == reordered
+    assert len({same, other_serve, other_inputs}) == 3
+    assert partial == no_stages == ""
 
 
 def digests_of(*task_vars: dict) -> list[str]:

@@ -1,7 +1,7 @@
 """A host's tune applied by the next serving run: `b70ctl serve render --tuned` (what roles/vllm_serve calls with
 the host's vllm_serve_tuned from host_vars/<host>/b70_tuned.yml) renders the overrides into the command, refuses
-overrides of another recipe or another oneCCL profile, and the applied overrides change what the replication
-check fingerprints (the report's serve command), while the appliance hash, a fleet drift field, stays."""
+overrides of another recipe or another oneCCL profile, and the applied overrides change what the report measured
+(its serve command), while the appliance hash, a fleet drift field, stays."""
 
 from __future__ import annotations
 
@@ -94,8 +94,8 @@ def test_a_oneccl_threshold_applies_on_its_profile_only(tmp_path: Path):
     assert "tuned for profile p2p, the host's profile is now no-p2p" in message
 
 
-def test_applied_overrides_change_the_fingerprinted_serve_command_not_the_appliance_hash():
-    """replication_check fingerprints host environment's output (and the unit); serve.json is the render."""
+def test_applied_overrides_change_the_reported_serve_command_not_the_appliance_hash():
+    """The report's environment (host environment's output) carries serve.json, the render."""
     recipe, lock, _ = load_recipe_and_lock("cpu-tiny")
     plain = render("--recipe", "cpu-tiny")
     for overrides in ({"num_speculative_tokens": 2}, {"draft_sample_method": "probabilistic"}):

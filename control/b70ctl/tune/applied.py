@@ -2,8 +2,8 @@
 (host_vars/<host>/b70_tuned.yml) and renders the recipe with its overrides, as the tune served the winner
 (candidate_command): recipe knobs into the validated recipe, oneCCL thresholds into the environment.
 
-The overrides change the rendered argv and environment, so they change /etc/b70/serve.json and the unit: a tuned
-host's replication fingerprint changes and its report is measured again. The appliance hash stays the hash of the
+The overrides change the rendered argv and environment, so they change /etc/b70/serve.json and the unit: the serve
+stage's generation, and so the configuration the host's report measured, changes, and it is measured again. The appliance hash stays the hash of the
 recipe and its lock (a drift field across the fleet); the report's serve command shows what was applied.
 """
 

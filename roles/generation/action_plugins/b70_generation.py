@@ -112,6 +112,15 @@ def inputs_digest(task_vars: dict, repo: Path = REPO) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def measured_key(digest: str, current: dict, stages: object) -> str:
+    """What a replication report measured, once every stage is at this run's generation: the inputs digest and what
+    each stage left (its state_digest). Empty until then: a report is kept only for a configuration known whole."""
+    if not isinstance(stages, list) or not stages or sorted(current) != sorted(stages):
+        return ""
+    document = {"digest": digest, "stages": current}
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
 @functools.cache
 def load_module():
     """library/b70_generation.py as a Python module (its argument spec and code), without running its main()."""
@@ -148,7 +157,9 @@ class ActionModule(ActionBase):
             # The run's bookkeeping, carried from stage to stage in the registered result (generation_run): the
             # stages at this run's generation so far.
             converged = state == "record" or result.get("converged") is True
-            result["current"] = [*(args.get("current") or []), *([args["stage"]] if converged else [])]
+            current = {**(args.get("current") or {}), **({args["stage"]: result["state_digest"]} if converged else {})}
+            result["current"] = current
+            result["measured_key"] = measured_key(result["digest"], current, task_vars.get("generation_stage_names"))
         if state == "check" and not result.get("failed"):
             # The check's verdict is shown for every host without -v (as a debug task would, at a task's cost).
             if not enabled:

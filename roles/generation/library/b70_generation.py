@@ -11,6 +11,8 @@ state=check: the stage is converged when the recorded digest equals the one give
 now: the play then skips the stage. Any difference is named (the first few) and the stage runs in full; with
 forget, its record is dropped first, so a run that fails half-way is never taken for converged.
 state=record: after a stage ran in full, write the digest and the fingerprint (temp file + rename).
+Both check and record return the fingerprint's own digest (state_digest): with the inputs digest, it names the
+configuration a replication report measured.
 state=absent: forget the stage (a run limited by --tags changed part of it), so the next full run converges it.
 """
 
@@ -43,8 +45,8 @@ options:
   store: {description: The generations file, type: path, default: /var/lib/b70/generation.json}
   enabled: {description: "state=check: whether the play skips a converged stage (false: the verdict shown says the
             stage runs in full)", type: bool, default: true}
-  current: {description: "The stages already at this run's generation; the action plugin returns them with this
-            one added when it is converged or recorded", type: list, elements: str, default: []}
+  current: {description: "The stages already at this run's generation, each with its state_digest; the action
+            plugin returns them with this one added when it is converged or recorded", type: dict, default: {}}
 """
 
 # Files above this are recorded by size and mtime: a no-op run reads no model weights.
@@ -134,6 +136,11 @@ def differences(recorded: dict[str, str], now: dict[str, str]) -> list[str]:
     return named
 
 
+def state_digest(state: dict) -> str:
+    """One digest of a stage's fingerprint: what the stage left, as the record holds it."""
+    return sha256_bytes(json.dumps(state, sort_keys=True).encode())
+
+
 def load(store: str) -> dict:
     try:
         with open(store, encoding="utf-8") as handle:
@@ -178,7 +185,7 @@ def run(params: dict, check_mode: bool) -> dict:
         if not check_mode:
             save(store, document)
         # Bookkeeping of what the stage did, not a change of its own.
-        return {"changed": False, "digest": params["digest"], "entries": len(now),
+        return {"changed": False, "digest": params["digest"], "entries": len(now), "state_digest": state_digest(now),
                 "msg": f"{stage}: generation {params['digest'][:12]} recorded ({len(now)} entries)"}
     if recorded is None:
         reasons = ["no generation recorded"]
@@ -193,6 +200,7 @@ def run(params: dict, check_mode: bool) -> dict:
     shown = reasons[:SHOWN_DIFFERENCES] + ([f"and {len(reasons) - SHOWN_DIFFERENCES} more"]
                                           if len(reasons) > SHOWN_DIFFERENCES else [])
     return {"changed": False, "converged": converged, "digest": params["digest"], "reasons": shown,
+            "state_digest": state_digest(now),
             "recorded_at": (recorded or {}).get("recorded_at"),
             "msg": (f"{stage}: converged to generation {params['digest'][:12]} "
                     f"(recorded {recorded['recorded_at']}): nothing to do" if converged else
@@ -209,7 +217,7 @@ ARGUMENT_SPEC = {
     "forget": {"type": "bool", "default": False},
     "store": {"type": "path", "default": "/var/lib/b70/generation.json"},
     "enabled": {"type": "bool", "default": True},
-    "current": {"type": "list", "elements": "str", "default": []},
+    "current": {"type": "dict", "default": {}},
 }
 
 
