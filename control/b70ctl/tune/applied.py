@@ -3,8 +3,9 @@
 (candidate_command): recipe knobs into the validated recipe, oneCCL thresholds into the environment.
 
 The overrides change the rendered argv and environment, so they change /etc/b70/serve.json and the unit: the serve
-stage's generation, and so the configuration the host's report measured, changes, and it is measured again. The appliance hash stays the hash of the
-recipe and its lock (a drift field across the fleet); the report's serve command shows what was applied.
+stage's generation, and so the configuration the host's report measured, changes, and it is measured again. The
+appliance hash stays the hash of the recipe and its lock (a drift field across the fleet); the report's serve
+command shows what was applied.
 """
 
 from __future__ import annotations
