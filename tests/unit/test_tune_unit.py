@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from b70ctl.errors import BadInput
+from b70ctl.host.environment import HostBundle
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import free_port
 from b70ctl.serve.render import render_container
@@ -342,7 +343,7 @@ def test_a_candidate_systemd_refuses_to_start_is_disqualified_not_a_crash(host_f
 
 def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_path):
     """roles/vllm_serve/tasks/render.yml runs `b70ctl serve render --unit` per server and copies the speculative
-    server's `container` into <unit>.container.json: it validates as ServingContainer, reproduces the unit's
+    server's `files.container_json` into <unit>.container.json: it validates as ServingContainer, reproduces the unit's
     ExecStart, and a candidate's render mounts the role's compile-cache directory with the role's NEO cap: a
     tune's restarts reuse what the served configuration compiled (the field reports' "every restart
     recompiles")."""
@@ -357,8 +358,9 @@ def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_
 
     tasks = yaml.safe_load((REPO / "roles/vllm_serve/tasks/render.yml").read_text())
     record = next(task for task in tasks if task["name"] == "Record the speculative server's container for a tune")
-    assert "rejectattr('item.baseline')" in record["ansible.builtin.copy"]["content"]
-    assert ").container" in record["ansible.builtin.copy"]["content"]
+    assert record["ansible.builtin.copy"]["content"] == "{{ vllm_serve_measured_files.container_json }}"
+    measured = next(task for task in tasks if task["name"] == "Keep the files of the measured (speculative) server")
+    assert "rejectattr('item.baseline')" in measured["ansible.builtin.set_fact"]["vllm_serve_measured_files"]
     render = next(task for task in tasks if task["name"] == "Render the serve commands on the controller")
     for flag in ("'--unit'", "'--image'", "'--env-file'", "'--models-record'", "'--api-key-env-file'"):
         assert flag in render["ansible.builtin.command"]["argv"], flag
@@ -383,6 +385,17 @@ def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_
     assert "/var/lib/b70/models/dspark:/models:ro" in rendered["exec_start"]
     assert rendered["exec_start"][-len(rendered["argv"]):] == rendered["argv"]
     assert _systemd_split(rendered["exec_start_line"]) == rendered["exec_start"]
+    # The files the role copies, byte for byte: the environment file as systemd reads it (systemd.exec(7),
+    # EnvironmentFile=: '#' comments, NAME=VALUE), serve.json as the report's host bundle reads it, and the container
+    # record b70ctl tune reads back.
+    files = rendered["files"]
+    lines = files["env_file"].splitlines()
+    assert lines[0].startswith("# ") and files["env_file"].endswith("\n")
+    assert dict(line.split("=", 1) for line in lines[1:]) == rendered["env"]
+    served = HostBundle.model_validate({"serve": json.loads(files["serve_json"])}).serve
+    assert served is not None and (served.argv, served.env, served.docker_args) == (
+        rendered["argv"], rendered["env"], rendered["docker_args"])
+    assert ServingContainer.model_validate_json(files["container_json"]) == container
 
     recipe = load_recipe("dspark-int4-tp1")
     document = load_topology(topology_file)
@@ -408,3 +421,8 @@ def test_a_unit_needs_its_image_environment_and_model_store():
                                    "--env-file", "/e", "--models-record", '{"target": {"path": "models/t"}}'])
     assert isinstance(relative.exception, BadInput)
     assert "--models-record: target.path: not an absolute path" in str(relative.exception)
+    broken = runner.invoke(app, ["serve", "render", "--recipe", "cpu-tiny", "--unit", UNIT, "--image", "x",
+                                 "--env-file", "/e", "--models-record", '{"target": {"path": "/m/t"}}',
+                                 "--env", "SITE=a\nEVIL=1"])
+    assert isinstance(broken.exception, BadInput)
+    assert "--env SITE: the value holds a line break" in str(broken.exception)

@@ -1,8 +1,10 @@
 """The serving unit's ExecStart, written once: the `docker run` command systemd starts, and its quoting.
 
 `b70ctl serve render --unit NAME ... --json` prints, beside the render, the whole ExecStart (`exec_start`, and
-`exec_start_line` as the unit file holds it) and the container document the vllm_serve role records beside the
-speculative server's unit (<config_dir>/<unit>.container.json). The role copies both; `b70ctl tune` reads the
+`exec_start_line` as the unit file holds it), the container document the vllm_serve role records beside the
+speculative server's unit (<config_dir>/<unit>.container.json), and the text of each file the role writes from the
+render (`files`: the unit's environment file, /etc/b70/serve.json, the container document), byte for byte, so the
+role copies them and builds none in Jinja. `b70ctl tune` reads the
 document back and serves each candidate through the same unit with a drop-in whose ExecStart comes from the same
 ServingContainer.exec_start, with the candidate's render and environment file. The role's Jinja filters
 (roles/vllm_serve/filter_plugins/systemd_quote.py) are these functions.
@@ -17,6 +19,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from b70ctl.documents import Document
+from b70ctl.errors import BadInput
 from b70ctl.serve.render import DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext
 
 DOCKER = "/usr/bin/docker"
@@ -45,6 +48,15 @@ def systemd_text(value: object) -> str:
     text = " ".join(str(value).split())
     return "".join(character for character in text if ord(character) >= 32 and ord(character) != 127) \
         .replace("%", "%%")
+
+
+def env_file_text(env: dict[str, str], header: str) -> str:
+    """An EnvironmentFile= (systemd.exec(7)): a comment, then NAME=value lines sorted by name. A line break or control
+    character in a name or value would end the assignment or be read otherwise: refused, in one line."""
+    for name, value in env.items():
+        if any(ord(character) < 32 or ord(character) == 127 for character in name + value):
+            raise BadInput(f"environment {name}: the value holds a line break or control character")
+    return f"# {systemd_text(header)}\n" + "".join(f"{name}={value}\n" for name, value in sorted(env.items()))
 
 
 def exec_start_line(argv: list[str]) -> str:
@@ -88,8 +100,17 @@ class ServingContainer(Document):
                 + command.docker_args + [self.image] + command.argv)
 
 
+class UnitFiles(Document):
+    """What the vllm_serve role writes from one render, as the files hold it."""
+
+    env_file: str = Field(description="<config_dir>/<unit>.env, the unit's EnvironmentFile=")
+    serve_json: str = Field(description="/etc/b70/serve.json: the render (argv, env, docker_args) the report shows")
+    container_json: str = Field(description="<config_dir>/<unit>.container.json, read back by b70ctl tune")
+
+
 class ServeUnit(Document):
-    """`b70ctl serve render --unit ... --json`: the render, the unit's whole ExecStart, and the container record."""
+    """`b70ctl serve render --unit ... --json`: the render, the unit's whole ExecStart, the container record and the
+    files the role writes."""
 
     argv: list[str]
     env: dict[str, str]
@@ -97,9 +118,14 @@ class ServeUnit(Document):
     exec_start: list[str]
     exec_start_line: str
     container: ServingContainer
+    files: UnitFiles
 
 
 def serve_unit(command: ServeCommand, container: ServingContainer) -> ServeUnit:
     exec_argv = container.exec_start(command)
+    files = UnitFiles(env_file=env_file_text(command.env, "Managed by the vllm_serve role: rendered by b70ctl serve "
+                                                          "render"),
+                      serve_json=command.model_dump_json(indent=2) + "\n",
+                      container_json=container.model_dump_json(indent=2) + "\n")
     return ServeUnit(argv=command.argv, env=command.env, docker_args=command.docker_args, exec_start=exec_argv,
-                     exec_start_line=exec_start_line(exec_argv), container=container)
+                     exec_start_line=exec_start_line(exec_argv), container=container, files=files)

@@ -38,7 +38,7 @@ from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.model import TopologyDocument
 from b70ctl.recipes.model import Recipe
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container
-from b70ctl.serve.unit import ServingContainer, exec_start_line
+from b70ctl.serve.unit import ServingContainer, env_file_text, exec_start_line
 from b70ctl.tune.model import Candidate
 from b70ctl.tune.serving import CandidateFailed, candidate_command, server_name
 
@@ -146,14 +146,6 @@ def drop_in_text(label: str, exec_argv: list[str]) -> str:
     shown = " ".join(label.split()).replace("%", "%%")
     return (f"# b70ctl tune is serving {shown} through this unit; the drop-in goes when the tune ends, or at reboot.\n"
             "[Service]\nExecStart=\nExecStart=" + exec_start_line(exec_argv) + "\n")
-
-
-def env_file_text(env: dict[str, str]) -> str:
-    for name, value in env.items():
-        if any(ord(character) < 32 or ord(character) == 127 for character in name + value):
-            raise BadInput(f"environment {name}: the value holds a line break or control character")
-    return "# b70ctl tune: the candidate's environment\n" + "".join(f"{name}={value}\n"
-                                                                  for name, value in sorted(env.items()))
 
 
 def health_gate(base_url: str, model: str, api_key: str | None, timeout_s: float, poll_s: float = 5.0,
@@ -316,7 +308,7 @@ class SystemdUnitServing:
         assert self.container is not None
         exec_argv = self.container.exec_start(command, env_file=self.env_file)
         # 0644 like the role's: the docker CLI reads it as the unit's User= (the API key has a file of its own).
-        self._write(self.env_file, env_file_text(command.env), "0644")
+        self._write(self.env_file, env_file_text(command.env, "b70ctl tune: the candidate's environment"), "0644")
         self.shell.run(["mkdir", "-p", self.drop_in_dir])
         self._write(self.drop_in, drop_in_text(label, exec_argv), "0644")
         self._systemctl("daemon-reload")
