@@ -87,6 +87,16 @@ def test_fallback_command_prints_the_record_and_the_no_p2p_topology(tmp_path: Pa
     # The document the serve renderer reads: it serves the no-p2p set now.
     parsed = TopologyDocument.model_validate(fallen)
     assert parsed.serve_env()["CCL_TOPO_P2P_ACCESS"] == "0" and parsed.fallback == record
+    # The files the role writes are the text the host package writes: the next host stage, reading the record
+    # where the role left it, writes the same topology.json byte for byte (no change to report).
+    assert json.loads(printed["record_json"]) == record and json.loads(printed["topology_json"]) == fallen
+    kept = tmp_path / "ccl-fallback.json"
+    kept.write_text(printed["record_json"])
+    again = topology(str(tmp_path / "b70x2-switch"), 2, profile="p2p", probe="never", write=True,
+                     fallback_path=str(kept))
+    written = (tmp_path / "b70x2-switch" / "etc/b70/topology.json").read_text()
+    assert again["profile"] == "no-p2p"
+    assert written.replace(str(kept), FALLBACK_PATH) == printed["topology_json"]
     # Everything else stays as the host stage wrote it.
     assert {key: value for key, value in fallen.items() if key not in (
         "profile", "profile_source", "profile_reason", "ccl_env", "docker_args", "fallback")} == {

@@ -33,6 +33,7 @@ from b70host.topology import (
     TOPOLOGY_PATH,
     apply_fallback,
     fallback_record,
+    render_document,
     topology,
 )
 
@@ -143,11 +144,13 @@ def fallback_command(
     signature: Annotated[str, typer.Option(
         help="The catalogue entry b70ctl diagnose named, one whose fix is the no-p2p profile")],
     evidence: Annotated[str, typer.Option(help="The log line that showed it")],
-    as_json: Annotated[bool, json_option("Print {\"record\", \"topology\"} (what the role keeps)")] =
-        False,
+    as_json: Annotated[bool, json_option(
+        "Print {\"record\", \"topology\", \"record_json\", \"topology_json\"}: the documents, and the files' text "
+        "the role writes")] = False,
 ) -> None:
     """The serve gate's fallback from p2p to no-p2p: the record to keep at /etc/b70/ccl-fallback.json and the
-    topology document to serve with ({"record", "topology"} with --json). Exit 2 when the profile is not p2p."""
+    topology document to serve with ({"record", "topology"} with --json, and record_json and topology_json, the
+    two files as the host package writes them). Exit 2 when the profile is not p2p."""
     from datetime import datetime, timezone
 
     from b70ctl.diagnose.catalogue import load_catalogue
@@ -179,7 +182,8 @@ def fallback_command(
     record = fallback_record(document, signature, printable(evidence), at)
     fallen = apply_fallback(document, record)
     if as_json:
-        _print_json({"record": record, "topology": fallen})
+        _print_json({"record": record, "topology": fallen, "record_json": render_document(record),
+                     "topology_json": render_document(fallen)})
         return
     Console(highlight=False, markup=False, soft_wrap=True).print(
         f"profile: p2p -> {fallen['profile']} for {', '.join(record['group'])}\n"
