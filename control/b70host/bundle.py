@@ -10,10 +10,11 @@ HostBundle document b70ctl validates (b70ctl.host.environment):
                    stage has not run yet)
   compute_runtime  the installed version of Intel's Level Zero GPU driver (libze-intel-gpu1), or null
 
-    python3 -m b70host.bundle --hostname NAME [--root /] [--etc-dir /etc/b70]
+    python3 -m b70host.bundle --hostname NAME [--root /] [--etc-dir /etc/b70] [--require DOCUMENT ...]
 
 Exit 2 with one line when a document is there but is not a JSON object (its stage wrote something else: run it
-again), so a report never describes a host from a broken file.
+again), so a report never describes a host from a broken file, and when a document --require names is missing
+(the serve stage needs the image and models stages' documents: it names the stage to run first).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from b70host import BadInput
 from b70host.facts import collect_facts
@@ -58,11 +59,14 @@ def compute_runtime(runner: Any = subprocess.run) -> Optional[str]:
     return done.stdout.strip() or None
 
 
-def bundle(hostname: str, root: str = "/", etc_dir: str = "/etc/b70") -> Dict[str, Any]:
+def bundle(hostname: str, root: str = "/", etc_dir: str = "/etc/b70", require: Sequence[str] = ()) -> Dict[str, Any]:
     collected: Dict[str, Any] = {"hostname": hostname, "facts": collect_facts(root),
                                  "compute_runtime": compute_runtime()}
     for key, name, stage in DOCUMENTS:
-        collected[key] = read_document(os.path.join(etc_dir, name), stage)
+        path = os.path.join(etc_dir, name)
+        collected[key] = read_document(path, stage)
+        if key in require and not collected[key]:
+            raise BadInput("%s is missing: run %s first" % (path, stage))
     return collected
 
 
@@ -71,12 +75,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--hostname", required=True, help="the inventory's name for this host")
     parser.add_argument("--root", default="/", help="root prefix of the sysfs/procfs tree to read (default /)")
     parser.add_argument("--etc-dir", default="/etc/b70", help="the appliance's document directory")
+    parser.add_argument("--require", action="append", default=[], choices=[key for key, _, _ in DOCUMENTS],
+                        help="a document that must be there (repeatable): missing, exit 2 naming its stage")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.root):
         sys.stderr.write("error: --root %s is not a directory: give the root of a sysfs tree\n" % args.root)
         return 2
     try:
-        collected = bundle(args.hostname, args.root, args.etc_dir)
+        collected = bundle(args.hostname, args.root, args.etc_dir, args.require)
     except BadInput as refused:
         sys.stderr.write("error: %s\n" % refused)
         return 2

@@ -115,6 +115,13 @@ def test_the_bundle_collected_on_the_host_maps_as_the_documents_say(tmp_path: Pa
         "b70-a", "sha256:" + "a" * 64, "r-target", "r-drafter", "p2p")
     assert environment["gpu_model"] == "2x B70" and environment["kernel"] == bundle["facts"]["kernel_release"]
 
+    # The serve stage's read (roles/vllm_serve/tasks/inputs.yml): a document it needs and no stage wrote names the
+    # stage to run first.
+    required = subprocess.run(host_module("bundle", "--hostname", "b70-a", "--root", root, "--etc-dir", str(etc),
+                                          "--require", "models", "--require", "serve"),
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert required.returncode == 2 and required.stdout == ""
+    assert required.stderr == f"error: {etc}/serve.json is missing: run playbooks/serve.yml first\n"
     (etc / "serve.json").write_text("{half")
     broken = subprocess.run(host_module("bundle", "--hostname", "b70-a", "--root", root, "--etc-dir", str(etc)),
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
