@@ -142,10 +142,9 @@ def test_second_run_changes_nothing_keeps_serving_and_measures_nothing_new(provi
     second = run_playbook(appliance.work_dir / "provision.yml")
     assert second.returncode == 0, second.output[-4000:]
     # Each task is a round of work per host, and on a converged fleet these are the whole run: one per stage (the
-    # check, which shows its verdict and carries the run's state), then replication_check's: the argument validation
-    # of the role and of its b70 dependency (on the controller, no round trip) and three that keep the standing
-    # report.
-    assert_recap(second, names, changed=0, failed=0, unreachable=0, ok=4 + 2 + 3)
+    # check, which shows its verdict and carries the run's state), then replication_check's decision: the argument
+    # validation of its b70 dependency (on the controller, no round trip) and three that keep the standing report.
+    assert_recap(second, names, changed=0, failed=0, unreachable=0, ok=4 + 1 + 3)
     assert second.output.count("already measured this serving configuration") == len(names)
     # Every stage skipped on its recorded generation: one round trip each, no role task ran.
     for stage in ("host", "image", "models", "serve"):
