@@ -1,5 +1,6 @@
 """`b70ctl model ...`: fetch the locked models, fill a controller-side cache, convert a DSpark drafter, describe
-what a host receives (manifest) and what its store holds (record)."""
+what a host receives (manifest), all three for every recipe of a play (stage), and what a host's store holds
+(record)."""
 
 from __future__ import annotations
 
@@ -166,6 +167,38 @@ def manifest_command(
         total = sum(file.size_bytes for file in manifest.files)
         typer.echo(f"{manifest.directory}: {len(manifest.files)} file(s), {total} bytes "
                    f"({manifest.hashed_bytes} bytes hashed)")
+
+
+@app.command("stage")
+def stage_command(
+    recipes: Annotated[list[str], typer.Argument(help="The recipes (name or file) the play's hosts serve, as their "
+                                                       "inventory names them; repeats are staged once")],
+    dest_root: Annotated[Path, typer.Option("--dest-root", help="The controller's model cache: each recipe's "
+                                                                "models go into DEST_ROOT/<recipe name>")],
+    source: Annotated[str, choice_option(FetchSource, "--source", "Where the files come from")] = "hub",
+    source_dir: Annotated[Optional[Path], typer.Option(
+        "--source-dir", help="The cache (Hugging Face cache layout) or local directory (target/, drafter/)")] = None,
+    as_json: Annotated[bool, json_option("Print the staged models as JSON, keyed by RECIPE as given")] = False,
+) -> None:
+    """The model_store role's controller side, for every recipe of a play: fetch (or generate) and verify each
+    recipe's models, refuse a drafter of another model, convert the drafter where the recipe's vLLM needs it, and
+    describe what each host receives. A refused drafter exits 1; with --json it is its recipe's `refused` and the
+    exit is 0, so that a play fails only the hosts that serve that recipe."""
+    from b70ctl.models.stage import stage
+
+    staged = stage(recipes, dest_root, source, source_dir)  # type: ignore[arg-type]
+    if as_json:
+        sys.stdout.write(staged.model_dump_json(indent=2) + "\n")
+        return
+    for key, entry in staged.recipes.items():
+        if entry.refused:
+            typer.echo(f"{key}: REFUSED: {entry.refused}")
+        for install in entry.installs:
+            total = sum(file.size_bytes for file in install.manifest.files)
+            typer.echo(f"{key}: {install.name} from {install.manifest.directory}: "
+                       f"{len(install.manifest.files)} file(s), {total} bytes")
+    if any(entry.refused for entry in staged.recipes.values()):
+        raise typer.Exit(1)
 
 
 @app.command("record")
