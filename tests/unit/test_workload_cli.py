@@ -173,6 +173,17 @@ def test_serve_render_takes_the_topology_on_stdin_and_site_env(p2p_host, tmp_pat
     assert stdin_command["argv"] == file_command["argv"] and stdin_command["docker_args"] == file_command["docker_args"]
     bad_env = invoke("serve", "render", "--recipe", "cpu-tiny", "--env", "NOEQUALS")
     assert bad_env.exit_code == 2 and "write it as --env NAME=VALUE" in bad_env.output
+    # A role's vllm_serve_extra_env, passed whole as --env-json: the same environment (a YAML number is text).
+    from_json = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", "-", "--json",
+                       "--env-json", '{"SITE_X": "1=2", "SITE_N": 8}', stdin=topology_text)
+    assert from_json.exit_code == 0, from_json.output
+    assert json.loads(from_json.stdout)["env"] == {**file_command["env"], "SITE_X": "1=2", "SITE_N": "8"}
+    for bad, problem in (('["SITE_X=1"]', "expected a JSON object of NAME: value, found list"),
+                         ('{"SITE_X": null}', "--env-json SITE_X: None is not a string or a number"),
+                         ('{"SITE_X": ', "--env-json is not JSON"),
+                         ('{"1ST": "x"}', "not an environment variable name")):
+        refused = invoke("serve", "render", "--recipe", "cpu-tiny", "--env-json", bad)
+        assert refused.exit_code == 2 and problem in refused.output, (bad, refused.output)
     bad_topology = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", "-", stdin="{}")
     assert bad_topology.exit_code == 2 and "is not a topology document" in bad_topology.output
 

@@ -12,6 +12,7 @@ import typer
 from pydantic import ValidationError
 
 from b70ctl.errors import BadInput, first_problem
+from b70ctl.files import parse_json
 from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
@@ -45,6 +46,26 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
             raise BadInput(f"--env {problem}")
         env[name] = value
     return env
+
+
+def _json_env_pairs(text: str | None) -> list[str]:
+    """--env-json as NAME=VALUE pairs, each then checked as --env is. A value is a string or a number (a YAML
+    dict's 8 or 0.9 is meant as text), never an object, a list or null."""
+    if text is None:
+        return []
+    fix = 'give one JSON object of NAME: value, e.g. {"VLLM_LOGGING_LEVEL": "DEBUG"}'
+    try:
+        data = parse_json(text, "--env-json", fix)
+    except json.JSONDecodeError as error:
+        raise BadInput(f"--env-json is not JSON ({error.msg}): {fix}") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"--env-json: expected a JSON object of NAME: value, found {type(data).__name__}")
+    pairs: list[str] = []
+    for name, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise BadInput(f"--env-json {name}: {value!r} is not a string or a number: quote it")
+        pairs.append(f"{name}={value}")
+    return pairs
 
 
 def _with_site_env(recipe: Recipe, env: dict[str, str]) -> Recipe:
@@ -94,6 +115,9 @@ def render(
     baseline: Annotated[bool, typer.Option(help="Render the target-only baseline (no speculation)")] = False,
     env: Annotated[list[str] | None, typer.Option(
         help="Extra NAME=VALUE for the server's environment (a site's own setting; repeatable)")] = None,
+    env_json: Annotated[str | None, typer.Option(
+        help="Extra environment as one JSON object of NAME: value (how a role passes vllm_serve_extra_env); "
+             "taken after --env")] = None,
     tuned: Annotated[str | None, typer.Option(
         help="The host's vllm_serve_tuned (host_vars/<host>/b70_tuned.yml) as JSON: its overrides are applied to "
              "the speculative server ({} or absent: the recipe as it is)")] = None,
@@ -117,7 +141,7 @@ def render(
     """The server's command line, environment and docker options: the one rendering every consumer uses."""
     from b70ctl.tune.applied import apply_tuned, parse_tuned
 
-    site_env = _env_pairs(env or [])
+    site_env = _env_pairs((env or []) + _json_env_pairs(env_json))
     loaded = _with_site_env(load_recipe(recipe), site_env)
     document = _topology(topology) if topology is not None else None
     tuned_env: dict[str, str] = {}
