@@ -911,10 +911,21 @@ def test_hostile_values_in_the_unit_are_escaped(name, tmp_path):
     assert _systemd_split(exec_line.removeprefix("ExecStart=")) == argv
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed here")
-    unit = tmp_path / "vllm-b70.service"
+    # verify wants every unit the unit requires and every command it runs to exist: under a root of its own (the
+    # machine's systemd units, a docker.service and /usr/bin/docker), not on this machine, whose docker may not be
+    # installed yet.
+    root = tmp_path / "root"
+    shutil.copytree(Path("/lib/systemd/system"), root / "usr/lib/systemd/system", symlinks=True)
+    (root / "usr/lib/systemd/system/docker.service").unlink(missing_ok=True)
+    (root / "usr/lib/systemd/system/docker.service").write_text("[Service]\nExecStart=/usr/bin/docker\n")
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/docker").write_text("#!/bin/sh\n")
+    (root / "usr/bin/docker").chmod(0o755)
+    unit = root / "etc/systemd/system/vllm-b70.service"
+    unit.parent.mkdir(parents=True)
     unit.write_text(text)
-    verified = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
-                              timeout=60)
+    verified = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}", str(unit)],
+                              capture_output=True, text=True, timeout=60)
     problems = [line for line in verified.stderr.splitlines()
                 if str(unit) in line and "Failed to" not in line or "Unknown" in line or "Invalid" in line
                 or "bad" in line.lower()]
