@@ -7,6 +7,7 @@ is stopped and the failure names its last log lines; a stopped server leaves no 
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -21,8 +22,38 @@ from b70ctl.errors import BadInput
 from b70ctl.serve.render import ServeCommand
 
 
+# Ports this process has handed out: two servers started together never get the same one.
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (net.ipv4.ip_local_port_range; 32768 by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A free port for a server to listen on, below the kernel's ephemeral range. A port the kernel picked (bind to
+    0) was free only until the server bound it: meanwhile the kernel could give it to any socket it numbers itself,
+    such as the ZMQ and torch.distributed sockets of another vLLM starting at the same time, and the server then
+    died with EADDRINUSE. The kernel never numbers its own sockets below that range."""
+    low = _ephemeral_low()
+    candidates = list(range(max(1024, low - 12000), low))
+    random.SystemRandom().shuffle(candidates)
+    for port in candidates[:500]:
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as sock:  # below the range is full: the kernel's pick, as before
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
