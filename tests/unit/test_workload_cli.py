@@ -181,7 +181,8 @@ def test_serve_render_takes_the_topology_on_stdin_and_site_env(p2p_host, tmp_pat
     for bad, problem in (('["SITE_X=1"]', "expected a JSON object of NAME: value, found list"),
                          ('{"SITE_X": null}', "--env-json SITE_X: None is not a string or a number"),
                          ('{"SITE_X": ', "--env-json is not JSON"),
-                         ('{"1ST": "x"}', "not an environment variable name")):
+                         ('{"1ST": "x"}', "not an environment variable name"),
+                         ('{"SITE=EVIL": "x"}', "'SITE=EVIL': not an environment variable name")):
         refused = invoke("serve", "render", "--recipe", "cpu-tiny", "--env-json", bad)
         assert refused.exit_code == 2 and problem in refused.output, (bad, refused.output)
     bad_topology = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", "-", stdin="{}")

@@ -48,11 +48,12 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _json_env_pairs(text: str | None) -> list[str]:
-    """--env-json as NAME=VALUE pairs, each then checked as --env is. A value is a string or a number (a YAML
-    dict's 8 or 0.9 is meant as text), never an object, a list or null."""
+def _json_env(text: str | None) -> dict[str, str]:
+    """--env-json as NAME: VALUE, each entry checked as --env's are. A value is a string or a number (a YAML dict's
+    8 or 0.9 is meant as text), never an object, a list or null. Names are checked as given, never joined into
+    NAME=VALUE text first: a name holding '=' would read back as another name."""
     if text is None:
-        return []
+        return {}
     fix = 'give one JSON object of NAME: value, e.g. {"VLLM_LOGGING_LEVEL": "DEBUG"}'
     try:
         data = parse_json(text, "--env-json", fix)
@@ -60,12 +61,15 @@ def _json_env_pairs(text: str | None) -> list[str]:
         raise BadInput(f"--env-json is not JSON ({error.msg}): {fix}") from None
     if not isinstance(data, dict):
         raise BadInput(f"--env-json: expected a JSON object of NAME: value, found {type(data).__name__}")
-    pairs: list[str] = []
+    env: dict[str, str] = {}
     for name, value in data.items():
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise BadInput(f"--env-json {name}: {value!r} is not a string or a number: quote it")
-        pairs.append(f"{name}={value}")
-    return pairs
+        problem = env_problem(name, str(value))
+        if problem is not None:
+            raise BadInput(f"--env-json {problem}")
+        env[name] = str(value)
+    return env
 
 
 def _with_site_env(recipe: Recipe, env: dict[str, str]) -> Recipe:
@@ -141,7 +145,7 @@ def render(
     """The server's command line, environment and docker options: the one rendering every consumer uses."""
     from b70ctl.tune.applied import apply_tuned, parse_tuned
 
-    site_env = _env_pairs((env or []) + _json_env_pairs(env_json))
+    site_env = _env_pairs(env or []) | _json_env(env_json)
     loaded = _with_site_env(load_recipe(recipe), site_env)
     document = _topology(topology) if topology is not None else None
     tuned_env: dict[str, str] = {}
