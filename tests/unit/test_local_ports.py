@@ -1,4 +1,9 @@
-"""The port a local vLLM server is started on: never one the kernel may hand to another socket meanwhile."""
+"""The port a local vLLM server is started on: never one the kernel may hand to another socket meanwhile.
+
+The rule relied on is the kernel's: ip_local_port_range "defines the local port range that is used by TCP and UDP
+to choose the local port" (Documentation/networking/ip-sysctl.rst), so a socket bound to port 0 or connected
+without a bind is numbered inside it, never below it. A fresh-machine CI run lost every real-vLLM test to a port
+picked inside the range: draft-perturbed exited with "OSError: [Errno 98] Address already in use" on 41635."""
 
 from __future__ import annotations
 
