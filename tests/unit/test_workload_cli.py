@@ -21,6 +21,7 @@ from b70ctl.report.model import HOST_FACT_FIELDS, Environment
 from b70host.facts import collect_facts
 from b70host.topology import TOPOLOGY_PATH, topology
 from host_package import host_module
+from store_fixtures import hub_env, hub, registry, write_recipe  # noqa: F401 (fixtures)
 from sysfs_trees import build_tree
 
 runner = CliRunner()
@@ -230,6 +231,35 @@ def test_a_hosts_mirror_is_pulled_by_digest_and_recorded_as_installed() -> None:
     assert not_an_id.exit_code == 2 and "is not an image id" in not_an_id.output
     garbage = invoke("image", "record", "--id", image_id, stdin="{}")
     assert garbage.exit_code == 2 and "pipe in the output of `b70ctl image provide --json`" in garbage.output
+
+
+def test_image_provide_keys_the_plays_images_by_recipe_as_the_inventory_names_them(hub_env, tmp_path) -> None:
+    """The dspark_image role's one controller call for the play: each distinct recipe once, keyed by the name or
+    file each host's b70_recipe gives, so a host reads its own image by that key; any refusal fails the call."""
+    from b70ctl.lock.resolve import resolve_and_write
+
+    recipe_file = str(write_recipe(tmp_path))
+    resolve_and_write(recipe_file)  # the local registry's b70/vllm-native:v1, pinned by digest
+    digest = load_recipe_and_lock(recipe_file)[1].image.digest
+    keyed = invoke("image", "provide", "--json", "--", recipe_file, recipe_file)
+    assert keyed.exit_code == 0, keyed.output
+    images = json.loads(keyed.stdout)["recipes"]
+    assert list(images) == [recipe_file]
+    assert images[recipe_file]["source"] == "pull" and images[recipe_file]["recipe"] == "store-test"
+    assert digest and images[recipe_file]["reference"].endswith(f"@{digest}")
+    # Each entry is what `image record` reads on stdin, as --recipe's single document is.
+    single = invoke("image", "provide", "--json", "--recipe", recipe_file)
+    assert json.loads(single.stdout) == images[recipe_file]
+    recorded = invoke("image", "record", "--json", "--id", "sha256:" + "cd" * 32, stdin=json.dumps(images[recipe_file]))
+    assert recorded.exit_code == 0, recorded.output
+
+    unresolved = invoke("image", "provide", "--json", "--", recipe_file, "pr620-fp8-tp2")
+    assert unresolved.exit_code == 2 and "run b70ctl lock resolve --recipe pr620-fp8-tp2" in unresolved.output
+    both = invoke("image", "provide", "--json", "--recipe", recipe_file, recipe_file)
+    assert both.exit_code == 2 and "not both and not neither" in both.output
+    mirror = "registry.example:5000/b70/vllm@sha256:" + "ab" * 32
+    keyed_mirror = invoke("image", "provide", "--pull-reference", mirror, "--", recipe_file)
+    assert keyed_mirror.exit_code == 2 and "give it with --recipe NAME" in keyed_mirror.output
 
 
 class _FakeImage:

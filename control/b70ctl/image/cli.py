@@ -14,7 +14,7 @@ from rich.console import Console
 
 from b70ctl.errors import BadInput
 from b70ctl.extras import require
-from b70ctl.image.documents import DIGEST_REFERENCE, ProvidedImage
+from b70ctl.image.documents import DIGEST_REFERENCE, ProvidedImage, ProvidedImages
 from b70ctl.image.build import BuildFailed, default_archive_dir, image_labels, plan_build, run_build, save_archive
 from b70ctl.image.patches import VendorPatch, check_series, load_series, sha256_file
 from b70ctl.lock.model import load_recipe_and_lock, require_resolved
@@ -194,50 +194,81 @@ def build(
         Console().print(f"built {plan.image_tag} ({image_id})")
 
 
+def _provided(recipe: str, archive_dir: Path | None, lock: Path | None, base: str | None,
+              pull_reference: str | None, engine: Callable[[], Any]) -> ProvidedImage:
+    """One recipe's image: a mirror given by digest, the lock's name@digest, or the image built (layer cache) and
+    saved as an archive named by its id."""
+    recipe_model, lock_model, _ = load_recipe_and_lock(recipe, lock)
+    if pull_reference is not None:
+        if not DIGEST_REFERENCE.match(pull_reference):
+            raise BadInput(f"--pull-reference {pull_reference!r} is not name@sha256:<64 hex digits>: pull by digest "
+                           "(a tag can move between two hosts' pulls)")
+        return ProvidedImage(recipe=recipe_model.name, source="pull", reference=pull_reference,
+                             digest=pull_reference.split("@")[-1], tag=recipe_model.image.tag,
+                             vllm_version=recipe_model.vllm_version)
+    if recipe_model.image.source == "pull":
+        require_resolved(lock_model, ("image",))
+        name = recipe_model.image.reference
+        return ProvidedImage(recipe=recipe_model.name, source="pull", reference=f"{name}@{lock_model.image.digest}",
+                             digest=lock_model.image.digest, tag=recipe_model.image.tag,
+                             vllm_version=recipe_model.vllm_version)
+    plan, image_id = _built_image(recipe_model, lock_model, base, False, engine)
+    archive = save_archive(engine(), image_id, archive_dir or default_archive_dir(),
+                           lambda line: err.print(line, highlight=False))
+    return ProvidedImage(recipe=recipe_model.name, source="build", reference=plan.image_tag, id=image_id,
+                         archive=str(archive), labels=plan.expected_labels(), vllm_version=plan.vllm_version)
+
+
+def _say_provided(provided: ProvidedImage) -> None:
+    if provided.source == "pull":
+        Console(highlight=False).print(f"{provided.recipe}: pull {provided.reference} (vLLM {provided.vllm_version})")
+    else:
+        Console(highlight=False).print(f"{provided.recipe}: built {provided.reference} ({provided.id}), "
+                                       f"saved to {provided.archive} (vLLM {provided.vllm_version})")
+
+
 @app.command("provide")
 def provide(
-    recipe: Annotated[str, typer.Option(help="Recipe name or path")],
+    recipes: Annotated[list[str] | None, typer.Argument(
+        help="Every recipe (name or file) a play's hosts serve, as their inventory names them: each is provided "
+             "once, and --json keys the images by RECIPE as given (what the dspark_image role reads)")] = None,
+    recipe: Annotated[str | None, typer.Option(help="One recipe (name or path): --json prints its image alone")
+                      ] = None,
     archive_dir: Annotated[Path | None, typer.Option(
         help="Where built images are saved as archives for the hosts (default $XDG_CACHE_HOME/b70ctl/images)")] = None,
     lock: Annotated[Path | None, typer.Option(help="Lock file (default: beside the recipe)")] = None,
     base: Annotated[str | None, typer.Option(
         help="Build FROM this image instead of the lock's base: name@sha256:<digest> or a local image id")] = None,
     pull_reference: Annotated[str | None, typer.Option(
-        help="Pull this name@sha256:<digest> (a mirror of the image) instead of what the recipe provides")] = None,
+        help="Pull this name@sha256:<digest> (a mirror of the image) instead of what the recipe provides; "
+             "with --recipe")] = None,
     as_json: Annotated[bool, json_option("Print JSON (what the dspark_image role reads)")] = False,
 ) -> None:
     """What the dspark_image role installs on each host: the locked name@digest to pull (source pull), or the image
-    built here once for the whole fleet and saved as an archive named by its id (source build)."""
-    recipe_model, lock_model, _ = load_recipe_and_lock(recipe, lock)
-    if pull_reference is not None:
-        if not DIGEST_REFERENCE.match(pull_reference):
-            raise BadInput(f"--pull-reference {pull_reference!r} is not name@sha256:<64 hex digits>: pull by digest "
-                           "(a tag can move between two hosts' pulls)")
-        provided = ProvidedImage(recipe=recipe_model.name, source="pull", reference=pull_reference,
-                                 digest=pull_reference.split("@")[-1], tag=recipe_model.image.tag,
-                                 vllm_version=recipe_model.vllm_version)
-    elif recipe_model.image.source == "pull":
-        require_resolved(lock_model, ("image",))
-        name = recipe_model.image.reference
-        provided = ProvidedImage(recipe=recipe_model.name, source="pull",
-                                 reference=f"{name}@{lock_model.image.digest}", digest=lock_model.image.digest,
-                                 tag=recipe_model.image.tag, vllm_version=recipe_model.vllm_version)
-    else:
-        engine = functools.cache(_docker_client)
-        plan, image_id = _built_image(recipe_model, lock_model, base, False, engine)
-        client = engine()
-        archive = save_archive(client, image_id, archive_dir or default_archive_dir(),
-                               lambda line: err.print(line, highlight=False))
-        provided = ProvidedImage(recipe=recipe_model.name, source="build", reference=plan.image_tag, id=image_id,
-                                 archive=str(archive), labels=plan.expected_labels(),
-                                 vllm_version=plan.vllm_version)
+    built here once for the whole fleet and saved as an archive named by its id (source build). Any refusal (an
+    unresolved lock, a tampered patch series, ...) exits 2 before a host changes."""
+    if (recipe is None) == (not recipes):
+        raise BadInput("image provide takes --recipe NAME (one image) or RECIPE... (the play's, keyed by recipe), "
+                       "not both and not neither")
+    if recipe is None and pull_reference is not None:
+        raise BadInput("--pull-reference is one host's mirror of one recipe's image: give it with --recipe NAME")
+    if recipe is None and lock is not None:
+        raise BadInput("--lock is one recipe's lock: give it with --recipe NAME (RECIPE... each use their own)")
+    engine = functools.cache(_docker_client)
+    if recipe is not None:
+        provided = _provided(recipe, archive_dir, lock, base, pull_reference, engine)
+        if as_json:
+            sys.stdout.write(provided.model_dump_json(indent=2, exclude_none=True) + "\n")
+        else:
+            _say_provided(provided)
+        return
+    keyed = ProvidedImages(recipes={name: _provided(name, archive_dir, lock, base, None, engine)
+                                    for name in dict.fromkeys(recipes or [])})
     if as_json:
-        sys.stdout.write(provided.model_dump_json(indent=2, exclude_none=True) + "\n")
-    elif provided.source == "pull":
-        Console(highlight=False).print(f"{provided.recipe}: pull {provided.reference} (vLLM {provided.vllm_version})")
-    else:
-        Console(highlight=False).print(f"{provided.recipe}: built {provided.reference} ({provided.id}), "
-                                       f"saved to {provided.archive} (vLLM {provided.vllm_version})")
+        sys.stdout.write(keyed.model_dump_json(indent=2, exclude_none=True) + "\n")
+        return
+    for provided in keyed.recipes.values():
+        _say_provided(provided)
 
 
 @app.command("record")

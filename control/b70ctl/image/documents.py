@@ -35,6 +35,13 @@ class ProvidedImage(Document):
                               digest=self.digest, vllm_version=self.vllm_version, labels=self.labels)
 
 
+class ProvidedImages(Document):
+    """`b70ctl image provide --json RECIPE...`: each recipe's image, keyed by the recipe as the play's inventory
+    names it (b70_recipe: a name or a file), so that a host reads its own by that key."""
+
+    recipes: dict[str, ProvidedImage]
+
+
 class InstalledImage(Document):
     """/etc/b70/image.json: the image a host serves, by the id its engine gives it."""
 
