@@ -141,6 +141,31 @@ def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name or path t
     out.print(table)
 
 
+@recipes_app.command("check")
+def recipes_check(
+    recipes: Annotated[list[str], typer.Argument(help="The recipes (name or file) a play's hosts serve, as their "
+                                                      "inventory names them; repeats are checked once")],
+    as_json: Annotated[bool, json_option("Print each recipe's spec, lock status or error as JSON, keyed by RECIPE "
+                                         "as given (what preflight reads)")] = False,
+) -> None:
+    """Preflight's question for every recipe of a play, before anything changes: is the recipe valid, and is its
+    lock resolved (if not, the command that resolves it and the network that needs). Exit 1 when one is not; with
+    --json the exit is 0 and each recipe's entry says it, so that a play fails only the hosts that name that
+    recipe."""
+    from b70ctl.lock.status import check_recipes
+
+    checked = check_recipes(recipes)
+    if as_json:
+        sys.stdout.write(checked.model_dump_json(indent=2) + "\n")
+        return
+    out = Console(highlight=False, markup=False, soft_wrap=True)
+    for key, entry in checked.recipes.items():
+        out.print(f"{key}: " + (f"cannot be used: {entry.error}" if entry.error else entry.lock.message
+                                if entry.lock else "ok"))
+    if any(entry.error or (entry.lock and not entry.lock.resolved) for entry in checked.recipes.values()):
+        raise typer.Exit(1)
+
+
 # Read in this order when no --api-key-file is given: b70ctl's own, then the key a vLLM server is started with, then
 # the one `vllm bench serve` and OpenAI clients send.
 API_KEY_VARIABLES = ("B70CTL_API_KEY", "VLLM_API_KEY", "OPENAI_API_KEY")

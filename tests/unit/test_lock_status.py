@@ -63,3 +63,27 @@ def test_without_json_the_message_is_for_people():
     lines = result.stdout.splitlines()
     assert lines[0].startswith("lock ") and "is NOT resolved" in lines[0]
     assert [line.split(":")[0] for line in lines[1:]] == ["  image", "  target", "  drafter"]
+
+
+def test_recipes_check_answers_preflight_for_every_recipe_of_a_play_keyed_as_the_inventory_names_them():
+    """One controller call for the play (roles/b70/tasks/recipe.yml): each distinct recipe once; an unknown recipe
+    is its own entry's error (exit 0 with --json, so only the hosts naming it fail); a valid one carries its spec as
+    `recipes show --json` prints it and its lock's status as `lock status --json` does."""
+    file = str(DATA / "cpu-tiny.yaml")
+    result = CliRunner().invoke(app, ["recipes", "check", "--json", "--", "cpu-tiny", "no-such-recipe",
+                                      "pr620-fp8-tp2", file, "cpu-tiny"])
+    assert result.exit_code == 0, result.output
+    checked = json.loads(result.stdout)["recipes"]
+    assert list(checked) == ["cpu-tiny", "no-such-recipe", "pr620-fp8-tp2", file]
+    shown = CliRunner().invoke(app, ["recipes", "show", "--json", "cpu-tiny"])
+    assert checked["cpu-tiny"]["spec"] == checked[file]["spec"] == json.loads(shown.stdout)
+    assert checked["cpu-tiny"]["lock"]["resolved"] is True and checked["cpu-tiny"]["lock_warning"] is None
+    assert checked["no-such-recipe"] == {"spec": None, "lock": None, "lock_warning": None,
+                                         "error": "unknown recipe 'no-such-recipe': choose one of cpu-tiny, "
+                                                  "dspark-int4-tp1, pr620-fp8-tp2 (b70ctl recipes list)"}
+    _, status = _status("--recipe", "pr620-fp8-tp2")
+    assert checked["pr620-fp8-tp2"]["lock"] == status
+    _, allowed = _status("--recipe", "pr620-fp8-tp2", "--allow-unresolved")
+    assert checked["pr620-fp8-tp2"]["lock_warning"] == allowed["message"]
+    people = CliRunner().invoke(app, ["recipes", "check", "cpu-tiny", "pr620-fp8-tp2"])
+    assert people.exit_code == 1 and "is NOT resolved" in people.stdout.splitlines()[1]

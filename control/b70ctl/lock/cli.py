@@ -192,11 +192,11 @@ def status_command(
     loaded, locked, path = load_recipe_and_lock(recipe, lock)
     result = lock_status(loaded, locked, path, recipe, allow_unresolved)
     if as_json:
-        _print_json(result)
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:
         out = Console(highlight=False, markup=False, soft_wrap=True)
-        out.print(result["message"])
-        for part in result["unresolved"]:
-            out.print(f"  {part['part']}: {part['reason']} (needs {part['network']})")
-    if not result["ok"]:
+        out.print(result.message)
+        for part in result.unresolved:
+            out.print(f"  {part.part}: {part.reason} (needs {part.network})")
+    if not result.ok:
         raise typer.Exit(1)
