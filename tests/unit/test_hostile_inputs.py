@@ -862,23 +862,10 @@ def yaml_load(path: Path) -> list[dict]:
 
 
 def _render_unit(recipe_name: str, exec_argv: list[str], unit: str = "vllm-b70", user: str = "root") -> str:
-    """The role's unit template with its filters, ExecStart as `b70ctl serve render --unit` writes it."""
-    import importlib.util
+    """The unit file as `b70ctl serve units` writes it (the vllm_serve role copies it as given)."""
+    from b70ctl.serve.unit import unit_file_text
 
-    from b70ctl.serve.unit import exec_start_line
-
-    import jinja2
-
-    spec = importlib.util.spec_from_file_location("systemd_quote",
-                                                  REPO / "roles/vllm_serve/filter_plugins/systemd_quote.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    environment.filters.update(module.FilterModule().filters())
-    template = environment.from_string((REPO / "roles/vllm_serve/templates/vllm.service.j2").read_text())
-    return template.render(ansible_managed="managed", b70_recipe_spec={"name": recipe_name},
-                           vllm_serve_server={"baseline": False, "port": 8000, "unit": unit},
-                           b70_service_user=user, vllm_serve_exec_line=exec_start_line(exec_argv))
+    return unit_file_text(recipe_name, unit, 8000, False, user, exec_argv)
 
 
 HOSTILE_UNIT_VALUES = {

@@ -25,7 +25,7 @@ from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import free_port
 from b70ctl.serve.render import render_container
 from b70ctl.tune.run import run_tune
-from b70ctl.serve.unit import ServingContainer, systemd_exec_argument
+from b70ctl.serve.unit import ServingContainer
 from b70ctl.tune.unit import ApplianceHost, HostCommandFailed, LocalShell, SshShell, SystemdUnitServing
 from b70ctl.verify import Terminated, _sigterm_ends_the_run
 from scripted_server import ScriptedServer
@@ -280,17 +280,6 @@ def test_a_host_the_serving_stage_has_not_prepared_is_refused(host_factory):
     assert emulated.active == {UNIT, BASELINE_UNIT}  # nothing was touched
 
 
-def test_the_roles_filter_is_the_drop_ins_quoting():
-    """One author: the role's Jinja filter is b70ctl's function, not a copy held equal by a test."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("systemd_quote",
-                                                  REPO / "roles/vllm_serve/filter_plugins/systemd_quote.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.FilterModule().filters()["systemd_exec_argument"] is systemd_exec_argument
-
-
 def test_ssh_carries_each_argument_whole_and_sudo_for_another_user():
     host = ApplianceHost(name="b70-1", address="10.0.0.5", ssh_port=2222, ssh_user="ops",
                          ssh_private_key="/keys/id", ssh_common_args="-o StrictHostKeyChecking=no ")
@@ -342,8 +331,8 @@ def test_a_candidate_systemd_refuses_to_start_is_disqualified_not_a_crash(host_f
 
 
 def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_path):
-    """roles/vllm_serve/tasks/render.yml runs `b70ctl serve render --unit` per server and copies the speculative
-    server's `files.container_json` into <unit>.container.json: it validates as ServingContainer, reproduces the unit's
+    """roles/vllm_serve/tasks/render.yml runs `b70ctl serve units` and copies its `container_json` into
+    <unit>.container.json: it validates as ServingContainer, reproduces the unit's
     ExecStart, and a candidate's render mounts the role's compile-cache directory with the role's NEO cap: a
     tune's restarts reuse what the served configuration compiled (the field reports' "every restart
     recompiles")."""
@@ -358,11 +347,10 @@ def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_
 
     tasks = yaml.safe_load((REPO / "roles/vllm_serve/tasks/render.yml").read_text())
     record = next(task for task in tasks if task["name"] == "Record the speculative server's container for a tune")
-    assert record["ansible.builtin.copy"]["content"] == "{{ vllm_serve_measured_files.container_json }}"
-    measured = next(task for task in tasks if task["name"] == "Keep the files of the measured (speculative) server")
-    assert "rejectattr('item.baseline')" in measured["ansible.builtin.set_fact"]["vllm_serve_measured_files"]
-    render = next(task for task in tasks if task["name"] == "Render the serve commands on the controller")
-    for flag in ("'--unit'", "'--image'", "'--env-file'", "'--models-record'", "'--api-key-env-file'"):
+    assert record["ansible.builtin.copy"] == {"content": "{{ vllm_serve_host_units.container_json }}",
+                                              "dest": "{{ vllm_serve_host_units.container_path }}", "mode": "0644"}
+    render = next(task for task in tasks if task["name"] == "Render the serving units on the controller")
+    for flag in ("'units'", "'--unit'", "'--image'", "'--config-dir'", "'--models-record'", "'--api-key-env-file'"):
         assert flag in render["ansible.builtin.command"]["argv"], flag
 
     root = build_tree(tmp_path, "b70-igpu")
@@ -370,14 +358,26 @@ def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_
     topology_file = Path(root) / "etc/b70/topology.json"
     models = {"target": {"path": "/var/lib/b70/models/dspark/target", "revision": "a" * 40},
               "drafter": {"path": "/var/lib/b70/models/dspark/drafter", "revision": "b" * 40}}
-    result = CliRunner().invoke(app, [
-        "serve", "render", "--json", "--recipe", "dspark-int4-tp1", "--topology", str(topology_file),
-        "--compile-cache-dir", "/srv/b70-cache", "--neo-cache-max-bytes", str(2**30), "--unit", UNIT,
-        "--image", "sha256:image", "--env-file", f"{CONFIG_DIR}/{UNIT}.env", "--models-record", json.dumps(models),
-        "--api-key-env-file", f"{CONFIG_DIR}/api-key.env", "--env", "SITE_SETTING=1"])
+    common = ["--recipe", "dspark-int4-tp1", "--topology", str(topology_file), "--compile-cache-dir",
+              "/srv/b70-cache", "--neo-cache-max-bytes", str(2**30), "--unit", UNIT, "--image", "sha256:image",
+              "--models-record", json.dumps(models), "--api-key-env-file", f"{CONFIG_DIR}/api-key.env", "--env",
+              "SITE_SETTING=1"]
+    result = CliRunner().invoke(app, ["serve", "units", "--json", *common, "--config-dir", CONFIG_DIR,
+                                      "--user", "b70"])
     assert result.exit_code == 0, result.output
-    rendered = json.loads(result.stdout)
-    container = ServingContainer.model_validate(rendered["container"])
+    host_units = json.loads(result.stdout)
+    assert host_units["container_path"] == f"{CONFIG_DIR}/{UNIT}.container.json"
+    assert [server["unit"] for server in host_units["servers"]] == [UNIT]
+    assert host_units["config_files"] == [f"/etc/systemd/system/{UNIT}.service", f"{CONFIG_DIR}/{UNIT}.env"]
+    server = host_units["servers"][0]
+    # `serve render --unit` is the same server, one at a time.
+    single = CliRunner().invoke(app, ["serve", "render", "--json", *common, "--env-file", f"{CONFIG_DIR}/{UNIT}.env"])
+    assert single.exit_code == 0, single.output
+    rendered = json.loads(single.stdout)
+    assert server["exec_start_line"] == rendered["exec_start_line"]
+    assert f"ExecStart={rendered['exec_start_line']}" in server["unit_file"].splitlines()
+    container = ServingContainer.model_validate_json(host_units["container_json"])
+    assert container == ServingContainer.model_validate(rendered["container"])
     assert (container.compile_cache_dir, container.neo_cache_max_bytes) == ("/srv/b70-cache", 2**30)
     assert container.models_dir == "/var/lib/b70/models/dspark" and container.extra_env == {"SITE_SETTING": "1"}
     assert rendered["exec_start"][:8] == ["/usr/bin/docker", "run", "--rm", "--name", UNIT, "--env-file",
@@ -388,14 +388,12 @@ def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_
     # The files the role copies, byte for byte: the environment file as systemd reads it (systemd.exec(7),
     # EnvironmentFile=: '#' comments, NAME=VALUE), serve.json as the report's host bundle reads it, and the container
     # record b70ctl tune reads back.
-    files = rendered["files"]
-    lines = files["env_file"].splitlines()
-    assert lines[0].startswith("# ") and files["env_file"].endswith("\n")
+    lines = server["env_file"].splitlines()
+    assert lines[0].startswith("# ") and server["env_file"].endswith("\n")
     assert dict(line.split("=", 1) for line in lines[1:]) == rendered["env"]
-    served = HostBundle.model_validate({"serve": json.loads(files["serve_json"])}).serve
+    served = HostBundle.model_validate({"serve": json.loads(host_units["serve_json"])}).serve
     assert served is not None and (served.argv, served.env, served.docker_args) == (
         rendered["argv"], rendered["env"], rendered["docker_args"])
-    assert ServingContainer.model_validate_json(files["container_json"]) == container
 
     recipe = load_recipe("dspark-int4-tp1")
     document = load_topology(topology_file)

@@ -368,3 +368,40 @@ def test_serve_render_refuses_site_env_the_recipe_rules_reject(p2p_host) -> None
     route_a = invoke("serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", "-",
                      "--env", "VLLM_USE_V2_MODEL_RUNNER=0", "--json", stdin=topology_text)
     assert route_a.exit_code == 0 and json.loads(route_a.stdout)["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+
+
+def test_serve_units_gives_every_unit_of_a_host_as_the_role_writes_them() -> None:
+    """The vllm_serve role's one render: the speculative server, then its target-only baseline, each as a unit file
+    and an environment file at their paths; the baseline is the recipe's target alone; a rollback puts back exactly
+    those files. Names and ports that would collide, and a User= that is not a user name, are refused."""
+    models = json.dumps({"target": {"path": "/var/lib/b70/models/cpu-tiny/target", "revision": "r1"},
+                         "drafter": {"path": "/var/lib/b70/models/cpu-tiny/drafter", "revision": "r2"}})
+    common = ["serve", "units", "--recipe", "cpu-tiny", "--image", IMAGE_ID, "--models-record", models,
+              "--config-dir", "/etc/b70/serve", "--compile-cache-dir", ""]
+    result = invoke(*common, "--json", "--user", "b70", "--baseline-unit", "b70-vllm-baseline",
+                    "--env-json", '{"SITE": "1"}')
+    assert result.exit_code == 0, result.output
+    units = json.loads(result.stdout)
+    speculative, baseline = units["servers"]
+    assert (speculative["unit"], speculative["port"], speculative["baseline"]) == ("b70-vllm", 8000, False)
+    assert (baseline["unit"], baseline["port"], baseline["baseline"]) == ("b70-vllm-baseline", 8001, True)
+    assert units["config_files"] == ["/etc/systemd/system/b70-vllm.service",
+                                     "/etc/systemd/system/b70-vllm-baseline.service",
+                                     "/etc/b70/serve/b70-vllm.env", "/etc/b70/serve/b70-vllm-baseline.env"]
+    assert "--speculative-config" in speculative["exec_start_line"]
+    assert "--speculative-config" not in baseline["exec_start_line"]
+    for server in units["servers"]:
+        lines = server["unit_file"].splitlines()
+        assert "User=b70" in lines and f"ExecStart={server['exec_start_line']}" in lines
+        assert f'ExecStop=/usr/bin/docker stop --time 30 "{server["unit"]}"' in lines
+        assert "SITE=1" in server["env_file"].splitlines()
+        assert f'"--env-file" "{server["env_file_path"]}"' in server["exec_start_line"]
+    served = json.loads(units["serve_json"])
+    assert "--speculative-config" in served["argv"] and json.loads(units["container_json"])["unit"] == "b70-vllm"
+
+    collide = invoke(*common, "--user", "b70", "--baseline-unit", "b70-vllm-baseline", "--baseline-port", "8000")
+    assert collide.exit_code == 2 and "collides with --unit b70-vllm on port 8000" in collide.output
+    hostile_user = invoke(*common, "--user", "b70\nExecStartPre=/bin/sh")
+    assert hostile_user.exit_code == 2 and "is not a user name" in hostile_user.output
+    hostile_unit = invoke(*common, "--user", "b70", "--unit", "b70 vllm")
+    assert hostile_unit.exit_code == 2 and "is not a unit name" in hostile_unit.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -17,9 +18,11 @@ from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, env_problem
-from b70ctl.serve.render import DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeContext, render_container
+from b70ctl.serve.render import (DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext,
+                                 render_container)
 from b70ctl.models.record import parse_models_record
-from b70ctl.serve.unit import ServingContainer, serve_unit
+from b70ctl.serve.unit import (SERVICE_USER, SYSTEMD_DIR, HostServer, HostUnits, ServingContainer, serve_unit,
+                              unit_file_text)
 
 app = typer.Typer(no_args_is_help=True, help="The vLLM serve command, rendered from recipe and host facts.")
 
@@ -107,6 +110,33 @@ def _container(unit: str, image: str | None, env_file: str | None, api_key_env_f
         raise BadInput(f"--unit {unit}: {first_problem(error)}") from error
 
 
+def _render_server(recipe: Recipe, document: TopologyDocument | None, tuned: str | None, site_env: dict[str, str],
+                   model_dir: str, drafter_dir: str, port: int, baseline: bool, compile_cache_dir: str,
+                   neo_cache_max_bytes: int) -> tuple[ServeCommand, ServeContext]:
+    """One server's render: the speculative server with the host's tuned overrides, or the target-only baseline
+    as the recipe says (it is the tune's reference)."""
+    from b70ctl.tune.applied import apply_tuned, parse_tuned
+
+    tuned_env: dict[str, str] = {}
+    if tuned is not None and not baseline:
+        recipe, tuned_env = apply_tuned(recipe, parse_tuned(tuned), document.profile if document else None)
+    try:
+        context = ServeContext(model_dir=model_dir, drafter_dir=drafter_dir, host="0.0.0.0", port=port,
+                               speculative=not baseline, extra_env={**site_env, **tuned_env},
+                               compile_cache_dir=compile_cache_dir, neo_cache_max_bytes=neo_cache_max_bytes)
+    except ValidationError as error:
+        field = str(error.errors()[0]["loc"][0])
+        if field in ("compile_cache_dir", "neo_cache_max_bytes"):
+            raise BadInput(f"--{field.replace('_', '-')}: {first_problem(error)}: give an absolute directory without "
+                           "':' (or '') and a byte count >= 0") from error
+        raise BadInput(f"--port {port}: {first_problem(error)}: give a TCP port from 1 to 65535") from error
+    try:
+        return render_container(recipe, context, document), context
+    except ValueError as error:
+        raise BadInput(f"{error}: pass --topology /etc/b70/topology.json of a host with enough GPUs, or choose a "
+                       "recipe that fits") from error
+
+
 @app.command("render")
 def render(
     recipe: Annotated[str, typer.Option(help="Recipe name or recipe file")],
@@ -143,30 +173,11 @@ def render(
     ] = None,
 ) -> None:
     """The server's command line, environment and docker options: the one rendering every consumer uses."""
-    from b70ctl.tune.applied import apply_tuned, parse_tuned
-
     site_env = _env_pairs(env or []) | _json_env(env_json)
     loaded = _with_site_env(load_recipe(recipe), site_env)
     document = _topology(topology) if topology is not None else None
-    tuned_env: dict[str, str] = {}
-    if tuned is not None and not baseline:
-        # The baseline is the tune's reference (the recipe's target alone): it stays as the recipe says.
-        loaded, tuned_env = apply_tuned(loaded, parse_tuned(tuned), document.profile if document else None)
-    try:
-        context = ServeContext(model_dir=model_dir, drafter_dir=drafter_dir, host="0.0.0.0", port=port,
-                               speculative=not baseline, extra_env={**site_env, **tuned_env},
-                               compile_cache_dir=compile_cache_dir, neo_cache_max_bytes=neo_cache_max_bytes)
-    except ValidationError as error:
-        field = str(error.errors()[0]["loc"][0])
-        if field in ("compile_cache_dir", "neo_cache_max_bytes"):
-            raise BadInput(f"--{field.replace('_', '-')}: {first_problem(error)}: give an absolute directory without "
-                           "':' (or '') and a byte count >= 0") from error
-        raise BadInput(f"--port {port}: {first_problem(error)}: give a TCP port from 1 to 65535") from error
-    try:
-        command = render_container(loaded, context, document)
-    except ValueError as error:
-        raise BadInput(f"{error}: pass --topology /etc/b70/topology.json of a host with enough GPUs, or choose a "
-                       "recipe that fits") from error
+    command, context = _render_server(loaded, document, tuned, site_env, model_dir, drafter_dir, port, baseline,
+                                      compile_cache_dir, neo_cache_max_bytes)
     if unit is not None:
         served = serve_unit(command, _container(unit, image, env_file, api_key_env_file, models_record, context,
                                                  site_env))
@@ -186,3 +197,87 @@ def render(
     if command.docker_args:
         lines += ["docker run options:", f"  {shlex.join(command.docker_args)}"]
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+# A unit's name is also its container's: docker's rule for container names, which systemd's for units admits.
+UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+@app.command("units")
+def units(
+    recipe: Annotated[str, typer.Option(help="Recipe name or recipe file")],
+    image: Annotated[str, typer.Option(help="The image id the units serve")],
+    models_record: Annotated[str, typer.Option(
+        help="The host's /etc/b70/models.json as JSON (its target's directory is mounted at /models)")],
+    config_dir: Annotated[str, typer.Option(
+        help="The host's serving configuration directory: each unit's environment file and the container record")],
+    user: Annotated[str, typer.Option(help="The service user the units run as (User=)")],
+    model_dir: Annotated[str, typer.Option(help="Target model directory as the server sees it")] = "/models/target",
+    drafter_dir: Annotated[str, typer.Option(help="Drafter directory as the server sees it")] = "/models/drafter",
+    unit: Annotated[str, typer.Option(help="The speculative server's unit (and container) name")] = "b70-vllm",
+    port: Annotated[int, typer.Option(help="The speculative server's port")] = 8000,
+    baseline_unit: Annotated[str | None, typer.Option(
+        help="Also serve the recipe's target alone (the greedy-correctness baseline) as this unit")] = None,
+    baseline_port: Annotated[int, typer.Option(help="The baseline's port")] = 8001,
+    topology: Annotated[Path | None, typer.Option(
+        help="The host's topology.json, or - for stdin; required for XPU recipes")] = None,
+    tuned: Annotated[str | None, typer.Option(
+        help="The host's vllm_serve_tuned as JSON, applied to the speculative server")] = None,
+    env: Annotated[list[str] | None, typer.Option(help="Extra NAME=VALUE for the servers' environment (repeatable)")
+                   ] = None,
+    env_json: Annotated[str | None, typer.Option(
+        help="Extra environment as one JSON object of NAME: value (vllm_serve_extra_env); taken after --env")] = None,
+    api_key_env_file: Annotated[str | None, typer.Option(
+        help="The host file holding VLLM_API_KEY (when the servers have a key)")] = None,
+    compile_cache_dir: Annotated[str, typer.Option(
+        help="XPU: host directory of the compile caches the containers mount ('' for none)")
+    ] = DEFAULT_COMPILE_CACHE_DIR,
+    neo_cache_max_bytes: Annotated[int, typer.Option(help="XPU: NEO_CACHE_MAX_SIZE of the kernel cache, bytes")
+                                   ] = DEFAULT_NEO_CACHE_MAX_BYTES,
+    systemd_dir: Annotated[str, typer.Option(help="Where the unit files go")] = SYSTEMD_DIR,
+    as_json: Annotated[bool, json_option("Print every unit's files as JSON (what the vllm_serve role writes)")
+                       ] = False,
+) -> None:
+    """Every serving unit of a host, as the vllm_serve role installs them: the speculative server and, with
+    --baseline-unit, its target-only baseline; for each the unit file (the whole ExecStart included) and the
+    environment file with their paths, then serve.json, the container record a tune reads, and the files a
+    rollback puts back."""
+    names = [unit] + ([baseline_unit] if baseline_unit is not None else [])
+    for flag, name in zip(("--unit", "--baseline-unit"), names):
+        if not UNIT_NAME.fullmatch(name):
+            raise BadInput(f"{flag} {name!r} is not a unit name: use letters, digits and _ . - (up to 63), "
+                           "starting with a letter or digit")
+    if baseline_unit is not None and (baseline_unit == unit or baseline_port == port):
+        raise BadInput(f"--baseline-unit {baseline_unit} on port {baseline_port} collides with --unit {unit} on "
+                       f"port {port}: give the baseline its own unit name and port")
+    if not re.fullmatch(SERVICE_USER, user):
+        raise BadInput(f"--user {user!r} is not a user name: lower-case letters, digits, _ and -, up to 32")
+    site_env = _env_pairs(env or []) | _json_env(env_json)
+    loaded = _with_site_env(load_recipe(recipe), site_env)
+    document = _topology(topology) if topology is not None else None
+    servers: list[HostServer] = []
+    measured = None  # the speculative server's render: what serve.json and a tune read
+    for name, server_port, baseline in [(unit, port, False)] + (
+            [(baseline_unit, baseline_port, True)] if baseline_unit is not None else []):
+        command, context = _render_server(loaded, document, tuned, site_env, model_dir, drafter_dir, server_port,
+                                          baseline, compile_cache_dir, neo_cache_max_bytes)
+        env_path = f"{config_dir}/{name}.env"
+        served = serve_unit(command, _container(name, image, env_path, api_key_env_file, models_record, context,
+                                                site_env))
+        servers.append(HostServer(
+            unit=name, port=server_port, baseline=baseline, unit_path=f"{systemd_dir}/{name}.service",
+            unit_file=unit_file_text(loaded.name, name, server_port, baseline, user, served.exec_start),
+            env_file_path=env_path, env_file=served.files.env_file, exec_start_line=served.exec_start_line))
+        if not baseline:
+            measured = served
+    assert measured is not None
+    host_units = HostUnits(servers=servers, serve_json=measured.files.serve_json,
+                           container_path=f"{config_dir}/{unit}.container.json",
+                           container_json=measured.files.container_json,
+                           config_files=[server.unit_path for server in servers]
+                           + [server.env_file_path for server in servers])
+    if as_json:
+        sys.stdout.write(host_units.model_dump_json(indent=2) + "\n")
+        return
+    for server in host_units.servers:
+        sys.stdout.write(f"{server.unit_path}:\n{server.unit_file}{server.env_file_path}:\n{server.env_file}\n")

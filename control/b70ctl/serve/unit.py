@@ -1,13 +1,15 @@
-"""The serving unit's ExecStart, written once: the `docker run` command systemd starts, and its quoting.
+"""The serving units, written once: the unit file, its ExecStart (the `docker run` command systemd starts) and
+their quoting.
 
-`b70ctl serve render --unit NAME ... --json` prints, beside the render, the whole ExecStart (`exec_start`, and
-`exec_start_line` as the unit file holds it), the container document the vllm_serve role records beside the
-speculative server's unit (<config_dir>/<unit>.container.json), and the text of each file the role writes from the
-render (`files`: the unit's environment file, /etc/b70/serve.json, the container document), byte for byte, so the
-role copies them and builds none in Jinja. `b70ctl tune` reads the
-document back and serves each candidate through the same unit with a drop-in whose ExecStart comes from the same
-ServingContainer.exec_start, with the candidate's render and environment file. The role's Jinja filters
-(roles/vllm_serve/filter_plugins/systemd_quote.py) are these functions.
+`b70ctl serve units --json` gives the vllm_serve role every unit of a host (the speculative server and, where the
+host has room, its target-only baseline) as files: each unit file and environment file with its path, serve.json,
+the container record and the list of files a rollback puts back. The role copies them; it renders nothing.
+
+`b70ctl serve render --unit NAME ... --json` gives one server: beside the render, the whole ExecStart
+(`exec_start`, and `exec_start_line` as the unit file holds it), the container document
+(<config_dir>/<unit>.container.json) and the text of each file written from the render (`files`). `b70ctl tune`
+reads the container document back and serves each candidate through the same unit with a drop-in whose ExecStart
+comes from the same ServingContainer.exec_start, with the candidate's render and environment file.
 
 Quoting is systemd's (systemd.syntax(7), systemd.service(7) "Command lines"): each argument double-quoted, backslash
 and double quote escaped, control characters as C escapes, % (specifiers) and $ (environment expansion) doubled, so
@@ -23,6 +25,9 @@ from b70ctl.errors import BadInput
 from b70ctl.serve.render import DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext
 
 DOCKER = "/usr/bin/docker"
+SYSTEMD_DIR = "/etc/systemd/system"
+# A login name as useradd(8) takes it by default (NAME_REGEX): nothing a unit's User= could read otherwise.
+SERVICE_USER = r"^[a-z_][a-z0-9_-]{0,31}$"
 # Where the container sees the host's model store (read-only); the render's --model-dir/--drafter-dir are below it.
 CONTAINER_MODELS_DIR = "/models"
 # The label naming what models the container serves: a new models.json changes the ExecStart, so the unit restarts.
@@ -129,3 +134,60 @@ def serve_unit(command: ServeCommand, container: ServingContainer) -> ServeUnit:
                       container_json=container.model_dump_json(indent=2) + "\n")
     return ServeUnit(argv=command.argv, env=command.env, docker_args=command.docker_args, exec_start=exec_argv,
                      exec_start_line=exec_start_line(exec_argv), container=container, files=files)
+
+
+def unit_file_text(recipe_name: str, unit: str, port: int, baseline: bool, user: str, exec_argv: list[str]) -> str:
+    """The unit file: systemd starts the container in the foreground, removes a leftover one first and stops it
+    with 30 s for vLLM to drain; every value is quoted (systemd_exec_argument) or made one literal line
+    (systemd_text)."""
+    name = systemd_text(recipe_name)
+    return "\n".join([
+        "# Managed by the vllm_serve role: rendered by b70ctl serve units.",
+        f"# vLLM serving {name}{' (target-only baseline)' if baseline else ''}.",
+        "# The arguments and environment come from `b70ctl serve render` (one renderer for every consumer); the XPU",
+        "# image's entrypoint sources oneAPI's setvars.sh before vLLM starts.",
+        "[Unit]",
+        f"Description=vLLM {name}{' baseline' if baseline else ''} on port {port}",
+        "After=docker.service network-online.target",
+        "Requires=docker.service",
+        "Wants=network-online.target",
+        "",
+        "[Service]",
+        "Type=simple",
+        f"User={systemd_text(user)}",
+        f"ExecStartPre=-{DOCKER} rm --force {systemd_exec_argument(unit)}",
+        "# docker run with the rendered options, each argument double-quoted and escaped, so systemd reads back",
+        "# exactly the value, whatever quote, newline, % or $ it holds.",
+        f"ExecStart={exec_start_line(exec_argv)}",
+        f"ExecStop={DOCKER} stop --time 30 {systemd_exec_argument(unit)}",
+        "Restart=on-failure",
+        "RestartSec=10",
+        "TimeoutStopSec=60",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        ""])
+
+
+class HostServer(Document):
+    """One server of a host: what the start watcher, the journal reader and a rollback read (unit, port), and the
+    two files the role writes for it."""
+
+    unit: str
+    port: int = Field(ge=1, le=65535)
+    baseline: bool = Field(description="The target-only baseline (no speculation) of the same recipe")
+    unit_path: str = Field(description="<systemd dir>/<unit>.service")
+    unit_file: str
+    env_file_path: str = Field(description="<config_dir>/<unit>.env, the unit's EnvironmentFile=")
+    env_file: str
+    exec_start_line: str
+
+
+class HostUnits(Document):
+    """`b70ctl serve units --json`: every unit of a host and every file the vllm_serve role writes from them."""
+
+    servers: list[HostServer] = Field(description="The speculative server first, then its baseline if served")
+    serve_json: str = Field(description="/etc/b70/serve.json: the speculative server's render")
+    container_path: str = Field(description="<config_dir>/<unit>.container.json, read back by b70ctl tune")
+    container_json: str
+    config_files: list[str] = Field(description="What a rollback puts back: each unit file and environment file")
