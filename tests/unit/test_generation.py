@@ -259,6 +259,25 @@ def role_values() -> dict:
         for kind in ("defaults", "vars"):
             if (role / kind / "main.yml").is_file():
                 values.update(yaml.safe_load((role / kind / "main.yml").read_text()) or {})
+    # The serve stage writes where `b70ctl serve units` says: its document for the role's defaults (the baseline
+    # served too), as render.yml keeps it.
+    from typer.testing import CliRunner
+
+    from b70ctl.cli import app
+
+    models = {"target": {"path": "/var/lib/b70/models/cpu-tiny/target", "revision": "r1"},
+              "drafter": {"path": "/var/lib/b70/models/cpu-tiny/drafter", "revision": "r2"}}
+    settings = {name: render(values[name], values) for name in (
+        "vllm_serve_unit", "vllm_serve_port", "vllm_serve_baseline_unit", "vllm_serve_baseline_port",
+        "vllm_serve_config_dir", "b70_service_user")}
+    units = CliRunner().invoke(app, [
+        "serve", "units", "--json", "--recipe", "cpu-tiny", "--image", "sha256:" + "a" * 64, "--models-record",
+        json.dumps(models), "--config-dir", settings["vllm_serve_config_dir"], "--user", settings["b70_service_user"],
+        "--unit", settings["vllm_serve_unit"], "--port", settings["vllm_serve_port"], "--baseline-unit",
+        settings["vllm_serve_baseline_unit"], "--baseline-port", settings["vllm_serve_baseline_port"]])
+    assert units.exit_code == 0, units.output
+    values["vllm_serve_host_units"] = json.loads(units.stdout)
+    values["vllm_serve_servers"] = values["vllm_serve_host_units"]["servers"]
     return values
 
 
@@ -274,21 +293,37 @@ class AnyItem(jinja2.Undefined):
         return self
 
 
-def render(template: str, values: dict) -> str | None:
+def render(template: str, values: dict, item: object = None) -> str | None:
+    """TEMPLATE with the roles' values; a loop's ITEM where the loop's list is known, else a wildcard."""
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
     environment.filters["basename"] = lambda path: "*" if isinstance(path, AnyItem) else os.path.basename(path)
-    text = template
+    text = str(template)
     for _ in range(5):  # defaults refer to other defaults
         if "{{" not in text:
             return text
         try:
-            text = environment.from_string(text).render({**values, "item": AnyItem(name="item")})
+            text = environment.from_string(text).render({**values, "item": AnyItem(name="item") if item is None
+                                                         else item})
         except jinja2.UndefinedError:
             return None
     return text
 
 
-def written_paths(role: str) -> list[tuple[str, str]]:
+def loop_items(loop: object, values: dict) -> list[object]:
+    """The items of a task's `loop` where the values give its list (the servers and files of `serve units`), else
+    [None]: each item then renders as a wildcard."""
+    if isinstance(loop, str) and loop.startswith("{{") and loop.endswith("}}"):
+        environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+        try:
+            items = environment.compile_expression(loop.strip("{} "))(**values)
+        except (jinja2.UndefinedError, jinja2.TemplateError):
+            return [None]
+        if isinstance(items, list) and items:
+            return items
+    return [None]
+
+
+def written_paths(role: str) -> list[tuple[str, str, object]]:
     found = []
     for tasks in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
         for task in yaml.safe_load(tasks.read_text()) or []:
@@ -297,7 +332,7 @@ def written_paths(role: str) -> list[tuple[str, str]]:
                     continue  # the controller's files (reports, host_vars), not the host's
                 for module, args in inner.items():
                     if module.startswith("ansible.builtin.") and isinstance(args, dict) and "dest" in args:
-                        found.append((f"{tasks.name}: {inner.get('name')}", args["dest"]))
+                        found.append((f"{tasks.name}: {inner.get('name')}", args["dest"], inner.get("loop")))
     return found
 
 
@@ -311,15 +346,17 @@ def test_every_file_a_stage_writes_is_in_its_fingerprint(stage: str) -> None:
     assert None not in patterns
     uncovered = []
     for role in STAGE_ROLES[stage]:
-        for task, dest in written_paths(role):
+        for task, dest, loop in written_paths(role):
             if any(name in dest for name in TRANSIENT):
                 continue
-            path = render(dest, values)
-            assert path is not None, f"{role}/{task}: cannot render {dest}"
-            # A file under a managed directory, or a loop's paths (a wildcard) that name managed files.
-            if not any(fnmatch.fnmatch(path, pattern) or path.startswith(pattern.rstrip("/") + "/")
-                       or ("*" in path and fnmatch.fnmatch(pattern, path)) for pattern in patterns):
-                uncovered.append(f"{role}/{task}: {path}")
+            for item in loop_items(loop, values):
+                path = render(dest, values, item)
+                assert path is not None, f"{role}/{task}: cannot render {dest}"
+                assert path != "*", f"{role}/{task}: {dest} names no file: give the test its loop's items"
+                # A file under a managed directory, or a loop's paths (a wildcard) that name managed files.
+                if not any(fnmatch.fnmatch(path, pattern) or path.startswith(pattern.rstrip("/") + "/")
+                           or ("*" in path and fnmatch.fnmatch(pattern, path)) for pattern in patterns):
+                    uncovered.append(f"{role}/{task}: {path}")
     assert uncovered == []
 
 
