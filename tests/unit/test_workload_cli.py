@@ -404,4 +404,8 @@ def test_serve_units_gives_every_unit_of_a_host_as_the_role_writes_them() -> Non
     hostile_user = invoke(*common, "--user", "b70\nExecStartPre=/bin/sh")
     assert hostile_user.exit_code == 2 and "is not a user name" in hostile_user.output
     hostile_unit = invoke(*common, "--user", "b70", "--unit", "b70 vllm")
-    assert hostile_unit.exit_code == 2 and "is not a unit name" in hostile_unit.output
+    assert hostile_unit.exit_code == 2 and "is not a unit and container name" in hostile_unit.output
+    # The unit is also the container's --name: docker refuses a one-character name (moby daemon/names/names.go,
+    # RestrictedNamePattern ^[a-zA-Z0-9][a-zA-Z0-9_.-]+$), so it is refused before a unit is written with it.
+    assert invoke(*common, "--user", "b70", "--unit", "b").exit_code == 2
+    assert invoke(*common, "--user", "b70", "--unit", "b7", "--json").exit_code == 0

@@ -199,8 +199,10 @@ def render(
     sys.stdout.write("\n".join(lines) + "\n")
 
 
-# A unit's name is also its container's: docker's rule for container names, which systemd's for units admits.
-UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+# A unit's name is also its container's: docker's rule for container names (moby daemon/names/names.go,
+# RestrictedNamePattern `^[a-zA-Z0-9][a-zA-Z0-9_.-]+$`: two characters at least), which systemd's for unit names
+# admits, within its 255 characters with the ".service" suffix (systemd.unit(5)).
+UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{1,246}")
 
 
 @app.command("units")
@@ -245,8 +247,8 @@ def units(
     names = [unit] + ([baseline_unit] if baseline_unit is not None else [])
     for flag, name in zip(("--unit", "--baseline-unit"), names):
         if not UNIT_NAME.fullmatch(name):
-            raise BadInput(f"{flag} {name!r} is not a unit name: use letters, digits and _ . - (up to 63), "
-                           "starting with a letter or digit")
+            raise BadInput(f"{flag} {name!r} is not a unit and container name: use 2 to 247 letters, digits and "
+                           "_ . -, starting with a letter or digit")
     if baseline_unit is not None and (baseline_unit == unit or baseline_port == port):
         raise BadInput(f"--baseline-unit {baseline_unit} on port {baseline_port} collides with --unit {unit} on "
                        f"port {port}: give the baseline its own unit name and port")

@@ -26,7 +26,8 @@ from b70ctl.serve.render import DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX
 
 DOCKER = "/usr/bin/docker"
 SYSTEMD_DIR = "/etc/systemd/system"
-# A login name as useradd(8) takes it by default (NAME_REGEX): nothing a unit's User= could read otherwise.
+# A login name as useradd(8) takes it (CAVEATS: [a-z_][a-z0-9_-]*[$]?, up to 32 characters; the trailing $ of
+# machine accounts left out): nothing a unit's User= could read otherwise.
 SERVICE_USER = r"^[a-z_][a-z0-9_-]{0,31}$"
 # Where the container sees the host's model store (read-only); the render's --model-dir/--drafter-dir are below it.
 CONTAINER_MODELS_DIR = "/models"
