@@ -91,8 +91,9 @@ def _install(source: Path, host_dir: Path, files: list[dict]) -> dict:
     planned = model_dir.plan(str(host_dir), wanted)
     staging = host_dir.parent / "staged-chunks"
     staging.mkdir(exist_ok=True)
-    for path in planned["send"]:
-        entry = next(entry for entry in files if entry["path"] == path)
+    sent = []
+    for entry in planned["send"]:
+        path = entry["path"]
 
         def stage(index: int, offset: int, length: int, path: str = path) -> str:
             with open(source / path, "rb") as handle:
@@ -104,8 +105,10 @@ def _install(source: Path, host_dir: Path, files: list[dict]) -> dict:
             return model_dir.transfer_chunks(str(host_dir), entry, 4096, chunk_sha256, staged, finish)
 
         model_dir.send_file(str(source / path), entry, 4096, 4 * 4096, host, stage)
+        sent.append({"placed": True, "directory": str(host_dir), "path": path})  # what b70_model_send adds
     if not planned["in_place"]:  # what the send placed was checked against its sha256 on the host
-        recorded = model_dir.record(str(host_dir), wanted, planned["verified"] + planned["send"])
+        verified = planned["verified"] + model_dir.placed_in(str(host_dir), sent)
+        recorded = model_dir.record(str(host_dir), wanted, verified)
         assert recorded["bad"] == [] and recorded["hashed_bytes"] == 0
     return planned
 
@@ -119,7 +122,7 @@ def test_host_copy_that_matches_is_not_read(fetched, tmp_path, monkeypatch):
     files = _files(dest / "target")
     host_dir = tmp_path / "host" / "target"
     first = _install(dest / "target", host_dir, files)
-    assert sorted(first["send"]) == sorted(f["path"] for f in files)
+    assert sorted(first["send"], key=lambda entry: entry["path"]) == files
     assert json.loads((host_dir / HOST_MANIFEST_FILE).read_text())["files"] == files
 
     def no_reading(path: str, *args: object) -> str:
@@ -143,7 +146,7 @@ def test_interrupted_transfer_resumes_with_what_it_delivered(fetched, tmp_path):
     planned = model_dir.plan(str(host_dir), model_dir.wanted_files(files))
     assert planned["in_place"] is False
     assert planned["verified"] == ["config.json"]
-    assert sorted(planned["send"]) == sorted(f["path"] for f in files if f["path"] != "config.json")
+    assert [entry["path"] for entry in planned["send"]] == sorted(f["path"] for f in files if f["path"] != "config.json")
     assert planned["hashed_bytes"] == (host_dir / "config.json").stat().st_size  # the cut weight: size differs
     assert not (host_dir / HOST_MANIFEST_FILE).exists()
     # Sending was cut again: nothing claims completeness, the record step names what is missing.
@@ -152,7 +155,8 @@ def test_interrupted_transfer_resumes_with_what_it_delivered(fetched, tmp_path):
     assert not (host_dir / HOST_MANIFEST_FILE).exists()
     # The next run sends only what is still missing, then records.
     planned = _install(dest / "target", host_dir, files)
-    assert "config.json" not in planned["send"] and "model.safetensors" in planned["send"]
+    assert [entry["path"] for entry in planned["send"]] == sorted(f["path"] for f in files
+                                                                  if f["path"] != "config.json")
     assert sha256((host_dir / "model.safetensors").read_bytes()) == weight["sha256"]
     assert model_dir.plan(str(host_dir), model_dir.wanted_files(files))["in_place"] is True
 
@@ -165,11 +169,12 @@ def test_changed_manifest_removes_the_record_first_and_stray_files(fetched, tmp_
     # Same size, other bytes: only the hash tells, and the plan hashes because the directory is not in place.
     (host_dir / "config.json").write_bytes(b" " * (host_dir / "config.json").stat().st_size)
     planned = model_dir.plan(str(host_dir), model_dir.wanted_files(_files(dest / "drafter")))
-    assert planned["removed"] == ["old-shard.safetensors"] and planned["send"] == ["config.json"]
+    assert planned["removed"] == ["old-shard.safetensors"]
+    assert [entry["path"] for entry in planned["send"]] == ["config.json"]
     assert not (host_dir / "old-shard.safetensors").exists() and not (host_dir / HOST_MANIFEST_FILE).exists()
     # The converted drafter replaces the published one: the recorded manifest no longer matches.
     converted = _install(dest / "drafter-converted", host_dir, _files(dest / "drafter-converted"))
-    assert sorted(converted["send"]) == sorted(["config.json", PROVENANCE_FILE])
+    assert sorted(entry["path"] for entry in converted["send"]) == sorted(["config.json", PROVENANCE_FILE])
     assert model_dir.plan(str(host_dir), model_dir.wanted_files(_files(dest / "drafter-converted")))["in_place"]
 
 

@@ -205,7 +205,7 @@ def test_the_plan_keeps_a_cut_file_as_the_partial_and_drops_stale_ones(shard, tm
     (host_dir / source.name).write_bytes(data[:5 * CHUNK + 3])  # cut in place (a copy that was interrupted)
     wanted = model_dir.wanted_files([entry, small])
     planned = model_dir.plan(str(host_dir), wanted)
-    assert planned["send"] == [source.name] and planned["verified"] == ["config.json"]
+    assert planned["send"] == [entry] and planned["verified"] == ["config.json"]
     assert planned["removed"] == ["config.json.partial"]
     assert not (host_dir / source.name).exists()
     assert (host_dir / (source.name + ".partial")).read_bytes() == data[:5 * CHUNK + 3]
@@ -232,7 +232,17 @@ def test_the_action_plugin_resumes_a_corrupt_partial_through_ansible(shard, tmp_
             {"b70_model_send": {"src": str(source.parent), "path": str(host_dir), "file": entry,
                                 "chunk_bytes": CHUNK, "batch_bytes": BATCH},
              "register": "sent"},
-            {"ansible.builtin.copy": {"content": "{{ sent | to_json }}", "dest": str(result_file)}},
+            # The role's verify step takes the send loop's results whole and picks its own directory's: a file
+            # placed elsewhere is hashed here (check mode: nothing recorded), the one placed here is not.
+            {"b70_model_dir": {"path": str(host_dir), "files": [entry], "state": "verified",
+                               "sent": [{**entry, "placed": True, "directory": str(tmp_path / "elsewhere")},
+                                        {"skipped": True}]},
+             "check_mode": True, "register": "elsewhere"},
+            {"b70_model_dir": {"path": str(host_dir), "files": [entry], "state": "verified",
+                               "sent": "{{ [sent, {'skipped': true}] }}"},
+             "register": "recorded"},
+            {"ansible.builtin.copy": {"content": "{{ {'sent': sent, 'elsewhere': elsewhere, 'recorded': recorded}"
+                                                 " | to_json }}", "dest": str(result_file)}},
         ]}]))
     env = {**os.environ, "ANSIBLE_ACTION_PLUGINS": str(ROLE / "action_plugins"),
            "ANSIBLE_LIBRARY": str(ROLE / "library"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"),
@@ -240,7 +250,8 @@ def test_the_action_plugin_resumes_a_corrupt_partial_through_ansible(shard, tmp_
     run = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,",
                           str(playbook)], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    sent = json.loads(result_file.read_text())
+    results = json.loads(result_file.read_text())
+    sent = results["sent"]
     assert (sent["changed"], sent["placed"], sent["directory"], sent["path"]) == (True, True, str(host_dir),
                                                                                    source.name)
     assert sent["kept_bytes"] == 8 * CHUNK  # chunks 0-8 but 6, which was wrong; 9 was cut
@@ -248,3 +259,6 @@ def test_the_action_plugin_resumes_a_corrupt_partial_through_ansible(shard, tmp_
     assert (host_dir / source.name).read_bytes() == data
     assert not (host_dir / (source.name + ".partial")).exists()
     assert list((tmp_path / "ansible-remote").iterdir()) == []  # the staged chunks went with Ansible's tmp dir
+    assert results["elsewhere"]["hashed_bytes"] == SIZE
+    assert (results["recorded"]["changed"], results["recorded"]["hashed_bytes"]) == (True, 0)
+    assert json.loads((host_dir / model_dir.MANIFEST_FILE).read_text())["files"] == [entry]

@@ -5,7 +5,7 @@ state=planned: a directory whose recorded manifest (.b70-manifest.json, written 
 verified) equals the wanted one and whose files have the wanted sizes is in place, and nothing is read. Otherwise
 the recorded manifest goes first (an interrupted transfer never leaves one claiming completeness), files the
 manifest does not list go, files of the wanted size are hashed and kept when they match (what an interrupted
-transfer already delivered is not sent again), and the rest are listed to send.
+transfer already delivered is not sent again), and the rest are listed to send, each as its manifest entry.
 A file of another size (or other bytes) is not thrown away: it becomes NAME.partial, the start of a resumed
 transfer.
 state=partial: one file's transfer, chunk by chunk (the action plugin of the same role drives it from the
@@ -14,7 +14,8 @@ already holds (cutting off bytes past the file's size) and answers which are mis
 controller staged on the host are written at their offsets only when their sha256 matches; once every chunk is
 there, the whole partial is hashed and renamed into place only when it matches the lock's sha256.
 state=verified: after the transfer, every file not verified by the plan (or placed by state=partial in this run,
-which checked its sha256) is hashed; all match, then the manifest is written atomically, last.
+which checked its sha256: `sent` takes the send loop's results as registered, and this module picks its own
+directory's) is hashed; all match, then the manifest is written atomically, last.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ options:
     elements: dict
   state: {description: planned, partial or verified, type: str, default: planned,
           choices: [planned, partial, verified]}
-  verified: {description: "Paths the plan hashed and found good, or state=partial placed (state=verified)",
-             type: list, elements: str, default: []}
+  verified: {description: "state=verified: paths the plan hashed and found good", type: list, elements: str,
+             default: []}
+  sent: {description: "state=verified: the results of b70_model_send, for any directory; the files it placed in
+         this one (their sha256 checked on the host) are not read again", type: list, elements: dict, default: []}
   file: {description: "state=partial: the file being sent, as path, size_bytes, sha256", type: dict}
   chunk_bytes: {description: "state=partial: the chunk size the controller hashed with", type: int}
   chunk_sha256: {description: "state=partial: the sha256 of each chunk of the controller's copy", type: list,
@@ -143,8 +146,8 @@ def plan(directory: str, wanted: dict[str, dict], check_mode: bool = False) -> d
                 os.replace(full, partial_path(full))
             else:
                 os.unlink(full)
-    return {"changed": changed, "in_place": False, "send": send, "verified": verified, "removed": removed,
-            "hashed_bytes": hashed_bytes}
+    return {"changed": changed, "in_place": False, "send": [{"path": path, **wanted[path]} for path in send],
+            "verified": verified, "removed": removed, "hashed_bytes": hashed_bytes}
 
 
 def chunk_count(size_bytes: int, chunk_bytes: int) -> int:
@@ -275,6 +278,13 @@ def send_file(source: str, entry: dict, chunk_bytes: int, batch_bytes: int,
                      "twice: check the host's disk and re-run")
 
 
+def placed_in(directory: str, sent: list[dict]) -> list[str]:
+    """The paths b70_model_send placed in this directory, from the send loop's results as registered (a skipped or
+    check-mode item placed nothing)."""
+    return [result["path"] for result in sent
+            if result.get("placed") and os.path.normpath(str(result.get("directory"))) == os.path.normpath(directory)]
+
+
 def record(directory: str, wanted: dict[str, dict], verified: list[str], check_mode: bool = False) -> dict:
     """Hash what the plan did not, then write the manifest (temporary file, fsync, rename, fsync directory)."""
     bad, hashed_bytes = [], 0
@@ -316,6 +326,7 @@ def main() -> None:
             "files": {"type": "list", "elements": "dict"},
             "state": {"type": "str", "default": "planned", "choices": ["planned", "partial", "verified"]},
             "verified": {"type": "list", "elements": "str", "default": []},
+            "sent": {"type": "list", "elements": "dict", "default": []},
             "file": {"type": "dict"},
             "chunk_bytes": {"type": "int"},
             "chunk_sha256": {"type": "list", "elements": "str"},
@@ -335,7 +346,8 @@ def main() -> None:
         wanted = wanted_files(module.params["files"])
         if module.params["state"] == "planned":
             module.exit_json(**plan(directory, wanted, module.check_mode))
-        result = record(directory, wanted, module.params["verified"], module.check_mode)
+        result = record(directory, wanted, module.params["verified"] + placed_in(directory, module.params["sent"]),
+                        module.check_mode)
     except (OSError, ValueError) as error:
         module.fail_json(msg=f"{directory}: {error}")
     if result["bad"]:
