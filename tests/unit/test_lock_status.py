@@ -78,11 +78,16 @@ def test_recipes_check_answers_preflight_for_every_recipe_of_a_play_keyed_as_the
     shown = CliRunner().invoke(app, ["recipes", "show", "--json", "cpu-tiny"])
     assert checked["cpu-tiny"]["spec"] == checked[file]["spec"] == json.loads(shown.stdout)
     assert checked["cpu-tiny"]["lock"]["resolved"] is True and checked["cpu-tiny"]["lock_warning"] is None
-    assert checked["no-such-recipe"] == {"spec": None, "lock": None, "lock_warning": None,
+    assert checked["no-such-recipe"] == {"spec": None, "lock": None, "lock_warning": None, "hub_repos": [],
                                          "error": "unknown recipe 'no-such-recipe': choose one of cpu-tiny, "
                                                   "dspark-int4-tp1, pr620-fp8-tp2 (b70ctl recipes list)"}
     _, status = _status("--recipe", "pr620-fp8-tp2")
     assert checked["pr620-fp8-tp2"]["lock"] == status
+    # Whether preflight asks for the Hugging Face token: cpu-tiny generates both models, the B70 recipes download.
+    assert checked["cpu-tiny"]["hub_repos"] == []
+    spec = checked["pr620-fp8-tp2"]["spec"]
+    assert checked["pr620-fp8-tp2"]["hub_repos"] == [spec["target"]["repo"], spec["drafter"]["repo"]]
+    assert all(checked["pr620-fp8-tp2"]["hub_repos"])
     _, allowed = _status("--recipe", "pr620-fp8-tp2", "--allow-unresolved")
     assert checked["pr620-fp8-tp2"]["lock_warning"] == allowed["message"]
     people = CliRunner().invoke(app, ["recipes", "check", "cpu-tiny", "pr620-fp8-tp2"])

@@ -78,6 +78,8 @@ class RecipeCheck(Document):
     spec: Recipe | None = Field(None, description="The recipe, validated, as `b70ctl recipes show --json` prints it")
     lock: LockStatus | None = Field(None, description="Its lock's status (as without --allow-unresolved)")
     lock_warning: str | None = Field(None, description="What a run that goes on with the unresolved lock says")
+    hub_repos: list[str] = Field(default_factory=list, description="The Hub repos its target and drafter are "
+                                 "downloaded from (none when generated): the token preflight asks for needs these")
     error: str | None = Field(None, description="Why the recipe or its lock cannot be read; then nothing else is set")
 
 
@@ -99,5 +101,6 @@ def check_recipes(names: list[str]) -> RecipeChecks:
             continue
         status = lock_status(recipe, lock, path, name, allow_unresolved=False)
         warning = None if status.resolved else lock_status(recipe, lock, path, name, allow_unresolved=True).message
-        checked[name] = RecipeCheck(spec=recipe, lock=status, lock_warning=warning)
+        hub_repos = [model.repo for model in (recipe.target, recipe.drafter) if model is not None and model.repo]
+        checked[name] = RecipeCheck(spec=recipe, lock=status, lock_warning=warning, hub_repos=hub_repos)
     return RecipeChecks(recipes=checked)
