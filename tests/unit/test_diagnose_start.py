@@ -38,7 +38,7 @@ def document(journals: dict[str, Path], **fields: object) -> dict:
 
 def test_a_start_that_died_is_named_with_vllms_reason_the_rollback_and_the_fix() -> None:
     found = diagnose_start(FailedStart.model_validate(document(
-        {"b70-vllm": KV_CACHE_LOG, "b70-vllm-baseline": HEALTHY_LOG}, last_good=True)))
+        {"b70-vllm": KV_CACHE_LOG, "b70-vllm-baseline": HEALTHY_LOG})), last_good=True)
     assert found.message.startswith(f"b70-app-1: vLLM is not serving: Wait for /health failed ({DIED}; health "
                                     "timeout 900 s). The last healthy configuration was put back and restarted.")
     # vLLM's own reason from the unit that died (its error lines, not its traceback's last frames); the healthy
@@ -61,8 +61,9 @@ def test_a_p2p_start_that_died_opening_peer_memory_names_the_no_p2p_failure() ->
     assert "ZE_RESULT_ERROR_INVALID_ARGUMENT" in found.no_p2p_failure.evidence[0].text
     # Before the rollback the message says nothing of one; after a fallback's start failed too, it says so.
     assert "healthy configuration" not in found.message
-    again = diagnose_start(FailedStart.model_validate(document({"b70-vllm": P2P_LOG}, last_good=False,
-                                                               fell_back="ze-ipc-open-invalid-argument")))
+    again = diagnose_start(FailedStart.model_validate(document({"b70-vllm": P2P_LOG},
+                                                               fell_back="ze-ipc-open-invalid-argument")),
+                           last_good=False)
     assert ("It had been restarted once with no-p2p after the p2p start died at ze-ipc-open-invalid-argument "
             "(/etc/b70/ccl-fallback.json); that start failed too. No earlier healthy configuration exists to put "
             "back.") in again.message
@@ -86,11 +87,15 @@ def run(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_command_prints_the_message_or_the_json_and_exits_1_when_a_failure_is_known() -> None:
-    text = json.dumps(document({"b70-vllm": KV_CACHE_LOG}, last_good=True))
-    plain = run("--start", "-", stdin=text)
+    text = json.dumps(document({"b70-vllm": KV_CACHE_LOG}))
+    plain = run("--start", "-", "--last-good", stdin=text)
     assert plain.returncode == 1 and plain.stdout.startswith("b70-app-1: vLLM is not serving: ")
     assert plain.stdout.count("\n") == 1  # one line: the play's fail message
-    as_json = json.loads(run("--start", "-", "--json", stdin=text).stdout)
+    # The rollback's outcome is the flag the role's second call adds; the first call (before it) says nothing of it.
+    assert "The last healthy configuration was put back and restarted." in plain.stdout
+    assert "No earlier healthy configuration" in run("--start", "-", "--no-last-good", stdin=text).stdout
+    assert "healthy configuration" not in run("--start", "-", stdin=text).stdout
+    as_json = json.loads(run("--start", "-", "--last-good", "--json", stdin=text).stdout)
     assert as_json["message"] == plain.stdout.strip() and as_json["no_p2p_failure"] is None
     assert [unit["unit"] for unit in as_json["units"]] == ["b70-vllm"]
 
@@ -99,6 +104,9 @@ def test_the_command_prints_the_message_or_the_json_and_exits_1_when_a_failure_i
     (["--start", "-"], "{\"host\": \"h\"}", "--start: journal: Field required"),
     (["--start", "-"], "[]", "--start: expected a JSON object"),
     (["--start", "-", "--log", "x.log"], "{}", "--start reads the journals its document carries"),
+    (["--log", "x.log", "--last-good"], "", "--last-good/--no-last-good say how a failed start's rollback ended"),
+    (["--start", "-"], json.dumps({**document({}), "last_good": True}),
+     "--start: last_good: Extra inputs are not permitted"),
 ])
 def test_a_bad_document_is_one_line_and_exit_2(args: list[str], stdin: str, named: str) -> None:
     result = run(*args, stdin=stdin)

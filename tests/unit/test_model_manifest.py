@@ -146,7 +146,8 @@ def test_interrupted_transfer_resumes_with_what_it_delivered(fetched, tmp_path):
     planned = model_dir.plan(str(host_dir), model_dir.wanted_files(files))
     assert planned["in_place"] is False
     assert planned["verified"] == ["config.json"]
-    assert [entry["path"] for entry in planned["send"]] == sorted(f["path"] for f in files if f["path"] != "config.json")
+    assert [entry["path"] for entry in planned["send"]] == sorted(f["path"] for f in files
+                                                                  if f["path"] != "config.json")
     assert planned["hashed_bytes"] == (host_dir / "config.json").stat().st_size  # the cut weight: size differs
     assert not (host_dir / HOST_MANIFEST_FILE).exists()
     # Sending was cut again: nothing claims completeness, the record step names what is missing.

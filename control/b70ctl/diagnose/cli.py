@@ -124,6 +124,10 @@ def diagnose_command(
     start: Annotated[str | None, typer.Option(
         help="A failed serving start (the vllm_serve role's document; - reads stdin): diagnose each unit's journal "
              "and print the message the serve play fails with")] = None,
+    last_good: Annotated[bool | None, typer.Option(
+        "--last-good/--no-last-good",
+        help="With --start: the rollback put the last healthy configuration back and restarted it, or none existed "
+             "(the message says which; without either it is the message before the rollback)")] = None,
     as_json: Annotated[bool, json_option("Print the diagnosis as JSON")] = False,
 ) -> None:
     """Name each known failure in serve logs, kernel logs or a verify report, with the evidence and the fix.
@@ -133,9 +137,11 @@ def diagnose_command(
         if log or unit or ssh or topology:
             raise BadInput("--start reads the journals its document carries: give it without --log, --unit, --ssh "
                            "and --topology")
-        found = diagnose_start(read_failed_start(start))
+        found = diagnose_start(read_failed_start(start), last_good)
         sys.stdout.write(found.model_dump_json(indent=2) + "\n" if as_json else found.message + "\n")
         raise typer.Exit(1 if found.found_failure else 0)
+    if last_good is not None:
+        raise BadInput("--last-good/--no-last-good say how a failed start's rollback ended: give them with --start")
     diagnosis = run_diagnosis(list(log or []), unit, ssh, topology)
     if as_json:
         sys.stdout.write(diagnosis.model_dump_json(indent=2) + "\n")

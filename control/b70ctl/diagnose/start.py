@@ -51,8 +51,6 @@ class FailedStart(Document):
     health_timeout_s: int = Field(ge=0)
     fell_back: str | None = Field(None, description="The failure a p2p start died at, when the no-p2p restart "
                                                     "failed too")
-    last_good: bool | None = Field(None, description="Whether the last healthy configuration was put back and "
-                                                     "restarted; None before the rollback")
 
 
 class UnitDiagnosis(Document):
@@ -103,7 +101,10 @@ def fix_text(match: Match) -> str:
     return text
 
 
-def diagnose_start(start: FailedStart) -> StartDiagnosis:
+def diagnose_start(start: FailedStart, last_good: bool | None = None) -> StartDiagnosis:
+    """last_good: whether the rollback put the last healthy configuration back and restarted it (False: none
+    existed); None before the rollback. The role's second call says it (--last-good/--no-last-good): the document
+    is what failed, read before the rollback changed anything."""
     catalogue = load_catalogue()
     units = []
     for journal in start.journal.units:
@@ -112,18 +113,18 @@ def diagnose_start(start: FailedStart) -> StartDiagnosis:
         units.append(UnitDiagnosis(unit=journal.unit, failures=diagnosis.failures,
                                    last_lines=last_lines(journal.lines)))
     no_p2p = next((match for unit in units for match in unit.failures if match.fix.profile == "no-p2p"), None)
-    return StartDiagnosis(units=units, no_p2p_failure=no_p2p, message=message(start, units))
+    return StartDiagnosis(units=units, no_p2p_failure=no_p2p, message=message(start, units, last_good))
 
 
-def message(start: FailedStart, units: list[UnitDiagnosis]) -> str:
+def message(start: FailedStart, units: list[UnitDiagnosis], last_good: bool | None) -> str:
     reason = shorten(failure_reason(start.failed_result), REASON_CHARS)
     parts = [f"{start.host}: vLLM is not serving: {start.failed_task or 'starting it'} failed "
              f"({reason}; health timeout {start.health_timeout_s} s)."]
     if start.fell_back:
         parts.append(f"It had been restarted once with no-p2p after the p2p start died at {start.fell_back} "
                      f"({FALLBACK_PATH}); that start failed too.")
-    if start.last_good is not None:
-        parts.append("The last healthy configuration was put back and restarted." if start.last_good
+    if last_good is not None:
+        parts.append("The last healthy configuration was put back and restarted." if last_good
                      else "No earlier healthy configuration exists to put back.")
     parts.append("Last log lines: " + " ".join(f"[{unit.unit}] {' | '.join(unit.last_lines)}" for unit in units))
     found = [f"[{unit.unit}] {fix_text(match)}" for unit in units for match in unit.failures]
