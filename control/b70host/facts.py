@@ -736,14 +736,33 @@ def collect_facts(root: str = "/") -> Dict[str, Any]:
     }
 
 
+def free_space(path: str) -> Dict[str, Any]:
+    """The space a file written to `path` can take: the Available column of `df -P` (f_bavail blocks of
+    f_frsize bytes, what an unprivileged writer may use) for the filesystem holding it, or holding its nearest
+    existing parent while it is not created yet (the model store, before the first run makes it)."""
+    measured = os.path.abspath(path)
+    while not os.path.exists(measured):
+        measured = os.path.dirname(measured)
+    stats = os.statvfs(measured)
+    return {"path": path, "measured_at": measured, "free_bytes": stats.f_bavail * stats.f_frsize}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Print this host's Intel GPU inventory as JSON (Ansible fact).")
     parser.add_argument("--root", default="/", help="root prefix of the sysfs/procfs tree to read (default /)")
+    parser.add_argument("--free-space-of", metavar="PATH",
+                        help="also print the free space for PATH (the model store; a real path, not under --root)")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.root):
         sys.stderr.write("error: --root %s is not a directory: give the root of a sysfs tree\n" % args.root)
         return 2
+    if args.free_space_of is not None and not os.path.isabs(args.free_space_of):
+        sys.stderr.write("error: --free-space-of %s is not an absolute path: give the directory's full path\n"
+                         % args.free_space_of)
+        return 2
     facts = collect_facts(args.root)
+    if args.free_space_of is not None:
+        facts["free_space"] = free_space(args.free_space_of)
     for warning in facts["warnings"]:
         sys.stderr.write("warning: %s\n" % warning)  # stdout stays the JSON Ansible reads
     sys.stdout.write(json.dumps(facts, indent=2) + "\n")

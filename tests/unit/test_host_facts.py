@@ -192,6 +192,37 @@ def test_fact_script_under_system_python_prints_what_the_cli_prints(tmp_path: Pa
     assert json.loads(installed.stdout) == json.loads(piped.stdout) == json.loads(cli.stdout)
 
 
+def test_the_free_space_of_the_model_store_is_what_df_says_before_and_after_it_exists(tmp_path: Path) -> None:
+    """What the host fit weighs the models against, measured by the script preflight pipes to the host: GNU df's
+    Available column for the directory, or for its nearest existing parent while the store is not created yet.
+    df is asked just before and just after, so other writers to the filesystem move the bracket, not the verdict."""
+    store = tmp_path / "var" / "lib" / "b70" / "models"
+
+    def df_available(path: Path) -> int:
+        lines = subprocess.run(["df", "-P", "-B1", str(path)], capture_output=True, text=True, check=True).stdout
+        return int(lines.splitlines()[-1].split()[3])
+
+    def measured(df_path: Path) -> tuple[dict, int, int]:
+        first = df_available(df_path)
+        completed = subprocess.run(["python3", "-", "--root", str(tmp_path), "--free-space-of", str(store)],
+                                   input=FACTS_SCRIPT.read_text(), capture_output=True, text=True, check=True)
+        return json.loads(completed.stdout)["free_space"], first, df_available(df_path)
+
+    slack = 1 << 20  # df rounds nothing with -B1; this is room for a log line written in between
+    before, first, last = measured(tmp_path)
+    assert (before["path"], before["measured_at"]) == (str(store), str(tmp_path))
+    assert min(first, last) - slack <= before["free_bytes"] <= max(first, last) + slack
+    store.mkdir(parents=True)
+    after, first, last = measured(store)
+    assert after["measured_at"] == str(store)
+    assert min(first, last) - slack <= after["free_bytes"] <= max(first, last) + slack
+    relative = subprocess.run(["python3", "-", "--free-space-of", "var/lib/b70"], input=FACTS_SCRIPT.read_text(),
+                              capture_output=True, text=True)
+    assert relative.returncode == 2 and relative.stdout == ""
+    assert relative.stderr == ("error: --free-space-of var/lib/b70 is not an absolute path: give the directory's "
+                               "full path\n")
+
+
 def test_fact_script_refuses_a_missing_root(tmp_path: Path) -> None:
     completed = subprocess.run(host_module("facts", "--root", str(tmp_path / "absent")),
                                capture_output=True, text=True)
