@@ -63,6 +63,21 @@ def test_each_host_of_the_play_gets_every_verdict(tmp_path: Path) -> None:
     assert "ok pending: recipe pr620-fp8-tp2 fits" in people.stdout
 
 
+def test_fewer_gpus_in_the_inventory_than_the_recipes_tensor_parallel_size_is_refused(tmp_path: Path) -> None:
+    """b70_gpus below the recipe's TP size: refused even on a host with the cards (vLLM would be started on one card
+    with --tensor-parallel-size 2). A CPU recipe asks for none, whatever b70_gpus says."""
+    two_b70 = collect_facts(build_tree(tmp_path, "b70x2-switch"))
+    hosts = [{"host": name, "recipe": recipe, "facts": two_b70, "gpus": gpus, "disk_free_bytes": 500 * GIB, **NOBLE}
+             for name, recipe, gpus in [("one", "pr620-fp8-tp2", 1), ("two", "pr620-fp8-tp2", 2),
+                                        ("cpu", "cpu-tiny", 1)]]
+    fits = json.loads(fit(hosts, "--json").stdout)
+    assert fits["one"]["gpus"]["reason"] == (
+        "recipe pr620-fp8-tp2 runs tensor-parallel 2 on 2 GPU(s), but b70_gpus is 1: set b70_gpus: 2 on a host with "
+        "that many cards, or choose a recipe for 1 GPU(s) (b70ctl recipes list)")
+    assert not fits["one"]["fits"] and fits["one"]["gpus"]["usable_gpu_count"] == 2
+    assert fits["two"]["gpus"]["fits"] and fits["cpu"]["gpus"]["fits"]
+
+
 def test_a_test_hosts_debian_is_accepted_only_on_a_test_host(tmp_path: Path) -> None:
     old_kernel = collect_facts(build_tree(tmp_path, "b70x2-switch-old-kernel"))
     host = {"host": "b70-app-4", "recipe": "pr620-fp8-tp2", "facts": old_kernel, "gpus": 2,

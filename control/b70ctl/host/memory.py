@@ -171,7 +171,8 @@ def usable_gpus(recipe: Recipe, facts: dict[str, Any]) -> list[dict[str, Any]]:
 
 def gpu_count_fit(recipe: Recipe, facts: dict[str, Any], required: int | None = None,
                   binding_pending: bool = False) -> GpuCountFit:
-    """Enough GPUs of the recipe's ids bound to xe: the recipe's count, or `required` (the inventory's b70_gpus).
+    """Enough GPUs of the recipe's ids bound to xe: the recipe's count, or `required` (the inventory's b70_gpus),
+    which may not be fewer than the recipe's tensor-parallel size and GPU count.
     `binding_pending`: the kernel plan installs the kernel that binds them, so the cards are counted bound or not."""
     if recipe.host.accelerator != "xpu":
         required = 0
@@ -182,6 +183,13 @@ def gpu_count_fit(recipe: Recipe, facts: dict[str, Any], required: int | None = 
               [gpu for gpu in facts.get("gpus", [])
                if not accepted_ids or (gpu.get("pci_id") or "").lower() in accepted_ids])
     accepted = list(recipe.host.gpu_pci_ids)
+    tensor_parallel, recipe_gpus = recipe.serve.tensor_parallel_size, recipe.host.gpu_count
+    if recipe.host.accelerator == "xpu" and required < max(tensor_parallel, recipe_gpus):
+        reason = (f"recipe {recipe.name} runs tensor-parallel {tensor_parallel} on {recipe_gpus} GPU(s), but b70_gpus "
+                  f"is {required}: set b70_gpus: {recipe_gpus} on a host with that many cards, or choose a recipe "
+                  f"for {required} GPU(s) (b70ctl recipes list)")
+        return GpuCountFit(fits=False, reason=reason, accepted_pci_ids=accepted, usable_gpu_count=len(usable),
+                           gpu_count_required=required)
     if len(usable) >= required:
         reason = f"{len(usable)} usable GPU(s) of {', '.join(accepted) or 'any id'}, {required} required"
         return GpuCountFit(fits=True, reason=reason, accepted_pci_ids=accepted, usable_gpu_count=len(usable),
