@@ -23,6 +23,12 @@ TESTHOSTS_MATRIX = REPO / "tests" / "fixtures" / "releases-testhosts.yaml"
 NOBLE = {"distribution": "Ubuntu", "codename": "noble"}
 
 
+def free(facts: dict, gib: float) -> dict:
+    """The facts as preflight reads them: with the model store's free space (facts.py --free-space-of)."""
+    return {**facts, "free_space": {"path": "/var/lib/b70/models", "measured_at": "/var/lib",
+                                    "free_bytes": int(gib * GIB)}}
+
+
 def fit(hosts: list[dict], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([B70CTL, "host", "fit", "--hosts", "-", *args], input=json.dumps(hosts),
                           capture_output=True, text=True, timeout=60)
@@ -33,16 +39,16 @@ def test_each_host_of_the_play_gets_every_verdict(tmp_path: Path) -> None:
     unbound = collect_facts(build_tree(tmp_path / "unbound", "xe-unbound"))
     hosts = [
         # One B70 on a 64 GB host, but 10 GiB free where the models go.
-        {"host": "small-disk", "recipe": "dspark-int4-tp1", "facts": igpu, "gpus": 1, "disk_free_bytes": 10 * GIB,
+        {"host": "small-disk", "recipe": "dspark-int4-tp1", "facts": free(igpu, 10), "gpus": 1,
          **NOBLE},
         # Cards without xe under 24.04's GA kernel 6.8: the plan brings the HWE kernel that binds them, so the
         # binding, firmware and kernel verdicts wait for it.
-        {"host": "pending", "recipe": "pr620-fp8-tp2", "facts": unbound, "gpus": 2, "disk_free_bytes": 500 * GIB,
+        {"host": "pending", "recipe": "pr620-fp8-tp2", "facts": free(unbound, 500), "gpus": 2,
          **NOBLE},
         # The same host on a release past its end of life: nothing else is judged.
-        {"host": "eol", "recipe": "pr620-fp8-tp2", "facts": unbound, "gpus": 2, "disk_free_bytes": 500 * GIB,
+        {"host": "eol", "recipe": "pr620-fp8-tp2", "facts": free(unbound, 500), "gpus": 2,
          "distribution": "Ubuntu", "codename": "oracular"},
-        {"host": "cpu", "recipe": "cpu-tiny", "facts": igpu, "gpus": 0, "disk_free_bytes": 500 * GIB, **NOBLE},
+        {"host": "cpu", "recipe": "cpu-tiny", "facts": free(igpu, 500), "gpus": 0, **NOBLE},
     ]
     result = fit(hosts, "--json")
     assert result.returncode == 1, result.stderr
@@ -63,11 +69,29 @@ def test_each_host_of_the_play_gets_every_verdict(tmp_path: Path) -> None:
     assert "ok pending: recipe pr620-fp8-tp2 fits" in people.stdout
 
 
+def test_the_disk_verdict_reads_the_free_space_the_facts_script_measured(tmp_path: Path) -> None:
+    """What the b70 role hands over: the facts as the script piped to the host printed them with --free-space-of.
+    Facts read without it (the installed local fact, `b70ctl host facts`) have no disk verdict rather than a guess."""
+    piped = subprocess.run(["python3", "-", "--root", build_tree(tmp_path / "tree", "b70-igpu"), "--free-space-of",
+                            str(tmp_path / "models")], input=(REPO / "control" / "b70host" / "facts.py").read_text(),
+                           capture_output=True, text=True, check=True)
+    facts = json.loads(piped.stdout)
+    facts["free_space"]["free_bytes"] = 12 * GIB  # what this machine has free is not the point; the path it takes is
+    host = {"host": "h", "recipe": "dspark-int4-tp1", "facts": facts, "gpus": 1, **NOBLE}
+    fitted = json.loads(fit([host], "--json").stdout)["h"]
+    assert fitted["disk"]["reason"].startswith("12.0 GiB free for the model store, recipe dspark-int4-tp1 needs 40 GiB")
+    assert not fitted["fits"]
+    del facts["free_space"]
+    assert json.loads(fit([host], "--json").stdout)["h"]["disk"] is None
+    stale = fit([{**host, "disk_free_bytes": 500 * GIB}], "--json")  # the field the role once sent is refused
+    assert stale.returncode == 2 and "disk_free_bytes: Extra inputs are not permitted" in stale.stderr, stale.stderr
+
+
 def test_fewer_gpus_in_the_inventory_than_the_recipes_tensor_parallel_size_is_refused(tmp_path: Path) -> None:
     """b70_gpus below the recipe's TP size: refused even on a host with the cards (vLLM would be started on one card
     with --tensor-parallel-size 2). A CPU recipe asks for none, whatever b70_gpus says."""
     two_b70 = collect_facts(build_tree(tmp_path, "b70x2-switch"))
-    hosts = [{"host": name, "recipe": recipe, "facts": two_b70, "gpus": gpus, "disk_free_bytes": 500 * GIB, **NOBLE}
+    hosts = [{"host": name, "recipe": recipe, "facts": free(two_b70, 500), "gpus": gpus, **NOBLE}
              for name, recipe, gpus in [("one", "pr620-fp8-tp2", 1), ("two", "pr620-fp8-tp2", 2),
                                         ("cpu", "cpu-tiny", 1)]]
     fits = json.loads(fit(hosts, "--json").stdout)
@@ -80,8 +104,8 @@ def test_fewer_gpus_in_the_inventory_than_the_recipes_tensor_parallel_size_is_re
 
 def test_a_test_hosts_debian_is_accepted_only_on_a_test_host(tmp_path: Path) -> None:
     old_kernel = collect_facts(build_tree(tmp_path, "b70x2-switch-old-kernel"))
-    host = {"host": "b70-app-4", "recipe": "pr620-fp8-tp2", "facts": old_kernel, "gpus": 2,
-            "disk_free_bytes": 500 * GIB, "distribution": "Debian", "codename": "bookworm",
+    host = {"host": "b70-app-4", "recipe": "pr620-fp8-tp2", "facts": free(old_kernel, 500), "gpus": 2,
+            "distribution": "Debian", "codename": "bookworm",
             "test_host_distributions": ["Debian"]}
     # Debian's own matrix plans the kernel that binds the cards (what host_kernel's appliance test installs).
     accepted = json.loads(fit([{**host, "test_host": True}], "--releases", str(TESTHOSTS_MATRIX), "--json").stdout)
@@ -127,7 +151,7 @@ def test_a_kernel_older_than_the_recipes_names_each_releases_kernel_package(tmp_
     with the kernel package of each release the matrix provisions (test_host_releases ties them to Ubuntu's
     archive: the 24.04 HWE meta-package, 26.04's linux-generic)."""
     facts = collect_facts(build_tree(tmp_path, "no-intel-gpu"))
-    result = fit([{"host": "h", "recipe": "pr620-fp8-tp2", "facts": facts, "gpus": 2, "disk_free_bytes": 500 * GIB,
+    result = fit([{"host": "h", "recipe": "pr620-fp8-tp2", "facts": free(facts, 500), "gpus": 2,
                    **NOBLE}], "--json")
     fitted = json.loads(result.stdout)["h"]
     assert not fitted["kernel_plan"]["needed"]

@@ -212,14 +212,15 @@ def fit_command(
     kv_cache_gib: Annotated[float, typer.Option("--kv-cache-gib", min=0, help="KV cache each card needs")] =
         KV_CACHE_GIB_MIN,
     hosts: Annotated[str | None, typer.Option(
-        "--hosts", help="Every host of a play at once: a JSON list of {host, recipe, facts, gpus, disk_free_bytes, "
+        "--hosts", help="Every host of a play at once: a JSON list of {host, recipe, facts, gpus, "
                         "distribution, codename, test_host, test_host_distributions} (- reads stdin); prints "
                         "{host: fit}, each with its kernel plan (preflight's one call)")] = None,
     releases: ReleasesOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Does the recipe fit this host: GPU count and binding, per-card VRAM budget, host RAM, firmware, kernel, and
-    the model store's free space (--hosts). Exit 1 when it does not (with --hosts: when one host does not)."""
+    the model store's free space (facts read with --free-space-of, as preflight's are). Exit 1 when it does not
+    (with --hosts: when one host does not)."""
     if hosts is not None:
         if recipe is not None or recipe_argument is not None or facts is not None:
             raise BadInput("--hosts names each host's recipe and facts: give it without --recipe and --facts")
@@ -253,7 +254,7 @@ def fit_command(
     else:
         out = Console()
         for name, part in (("GPUs", result.gpus), ("VRAM", result.card), ("RAM", result.ram),
-                           ("Firmware", result.firmware), ("Kernel", result.kernel)):
+                           ("Firmware", result.firmware), ("Kernel", result.kernel), ("Disk", result.disk)):
             if part is None:
                 continue
             mark = "[green]ok[/]" if part.fits else "[red]FAIL[/]"

@@ -2,8 +2,9 @@
 per-card VRAM, host RAM, the GuC firmware and VRAM BAR, the running kernel, the model store's free space.
 
 `b70ctl host fit` prints it for one host (its facts under --root, or from --facts); preflight asks it for every
-host of a play at once (`--hosts -`), with what only the play knows: the inventory's GPU count, the model store's
-free space and the host's release, from which each host's kernel plan (host/kernel.py) is made in the same run.
+host of a play at once (`--hosts -`), with what only the play knows: the inventory's GPU count and the host's
+release, from which each host's kernel plan (host/kernel.py) is made in the same run. The model store's free space
+comes with the facts preflight reads (facts.py --free-space-of).
 While a kernel plan is pending, the checks that the new kernel settles (xe binding, firmware, the kernel release
 itself) wait for it: host_kernel checks them after the reboot.
 """
@@ -46,7 +47,6 @@ class PlayHost(Document):
     recipe: str = Field(min_length=1, description="b70_recipe: a recipe name or the path of a recipe file")
     facts: FactsDocument = Field(description="The host package's GPU inventory (b70host.facts)")
     gpus: int | None = Field(None, ge=0, description="b70_gpus: the GPUs the host serves with (default the recipe's)")
-    disk_free_bytes: int | None = Field(None, ge=0, description="Free bytes of the model store's filesystem")
     distribution: str = Field(description="Ansible's distribution fact (Ubuntu, Debian)")
     codename: str = Field(description="Ansible's distribution_release fact (noble, resolute)")
     test_host: bool = Field(False, description="b70_test_host: a systemd test host, whose distribution may be one of "
@@ -82,8 +82,10 @@ def disk_fit(recipe: Recipe, free_bytes: int) -> Fit:
 
 
 def host_fit(recipe: Recipe, facts: dict[str, Any], kv_cache_gib_required: float = KV_CACHE_GIB_MIN, *,
-             gpus_required: int | None = None, disk_free_bytes: int | None = None,
-             kernel_plan_needed: bool = False, matrix: ReleaseMatrix | None = None) -> HostFit:
+             gpus_required: int | None = None, kernel_plan_needed: bool = False,
+             matrix: ReleaseMatrix | None = None) -> HostFit:
+    """Every verdict over the host's facts; the model store's free space is judged when the facts carry it
+    (facts.py --free-space-of, as preflight reads them)."""
     gpus = gpu_count_fit(recipe, facts, gpus_required, binding_pending=kernel_plan_needed)
     usable = usable_gpus(recipe, facts)
     vram, source = host_vram_gib(usable[: max(recipe.serve.tensor_parallel_size, 1)])
@@ -93,7 +95,8 @@ def host_fit(recipe: Recipe, facts: dict[str, Any], kv_cache_gib_required: float
     # The firmware and the kernel come with a pending kernel plan: host_kernel checks them after the reboot.
     firmware = None if kernel_plan_needed else firmware_fit(recipe, facts)
     kernel = None if kernel_plan_needed else kernel_fit(recipe, facts, matrix)
-    disk = None if disk_free_bytes is None else disk_fit(recipe, disk_free_bytes)
+    free_space = facts.get("free_space")
+    disk = None if free_space is None else disk_fit(recipe, free_space["free_bytes"])
     parts: list[Fit | None] = [gpus, card, ram, firmware, kernel, disk]
     failed = [part.reason for part in parts if part is not None and not part.fits]
     return HostFit(recipe=recipe.name, fits=not failed, reasons=failed, gpus=gpus, card=card, ram=ram,
@@ -117,7 +120,7 @@ def play_fit(host: PlayHost, recipe: Recipe, matrix: ReleaseMatrix) -> HostFit:
     release = release_fit(host, matrix)
     facts = host.facts.model_dump()
     plan = kernel_plan(recipe, facts, host.distribution, host.codename, matrix)
-    fit = host_fit(recipe, facts, gpus_required=host.gpus, disk_free_bytes=host.disk_free_bytes,
+    fit = host_fit(recipe, facts, gpus_required=host.gpus,
                    kernel_plan_needed=plan.needed, matrix=matrix)
     if not release.fits:
         return fit.model_copy(update={"fits": False, "reasons": [release.reason], "release": release,

@@ -158,6 +158,14 @@ class FirmwareFile(_Facts):
     release_version: str | None = None
 
 
+class FreeSpace(_Facts):
+    """facts.py --free-space-of: what preflight asks of the model store's filesystem."""
+
+    path: str
+    measured_at: str = Field(description="The path itself, or its nearest existing parent before it is created")
+    free_bytes: int = Field(ge=0, description="df -P's Available: f_bavail blocks of f_frsize bytes")
+
+
 class FactsDocument(_Facts):
     """The b70 fact of one host (facts.py `collect_facts`), as read back from a file, stdin or a host bundle."""
 
@@ -168,6 +176,7 @@ class FactsDocument(_Facts):
     kernel_release: str | None = None
     ram_total_bytes: int | None = Field(None, ge=0)
     firmware_files: dict[str, FirmwareFile] = Field(default_factory=dict)
+    free_space: FreeSpace | None = Field(None, description="Only when preflight asks (--free-space-of)")
 
 
 FACTS_FIX = "give the output of `b70ctl host facts --json` (the host's b70 Ansible fact)"
