@@ -398,6 +398,16 @@ def test_serve_units_gives_every_unit_of_a_host_as_the_role_writes_them() -> Non
         assert f'"--env-file" "{server["env_file_path"]}"' in server["exec_start_line"]
     served = json.loads(units["serve_json"])
     assert "--speculative-config" in served["argv"] and json.loads(units["container_json"])["unit"] == "b70-vllm"
+    # The record's store is mounted at /models: the servers are given its target and drafter below it.
+    assert '"--volume" "/var/lib/b70/models/cpu-tiny:/models:ro"' in speculative["exec_start_line"]
+    assert served["argv"][served["argv"].index("--model") + 1] == "/models/target"
+    assert json.loads(served["argv"][served["argv"].index("--speculative-config") + 1])["model"] == "/models/drafter"
+    elsewhere = json.dumps({"target": {"path": "/srv/store/target", "revision": "r1"},
+                            "drafter": {"path": "/srv/other/drafter", "revision": "r2"}})
+    refused = invoke(*[elsewhere if part == models else part for part in common], "--user", "b70")
+    assert refused.exit_code == 2 and "the drafter is not in the target's store directory /srv/store" in refused.output
+    override = invoke(*common, "--user", "b70", "--drafter-dir", "/models/draft-perturbed", "--json")
+    assert "/models/draft-perturbed" in json.loads(override.stdout)["servers"][0]["exec_start_line"]
 
     collide = invoke(*common, "--user", "b70", "--baseline-unit", "b70-vllm-baseline", "--baseline-port", "8000")
     assert collide.exit_code == 2 and "collides with --unit b70-vllm on port 8000" in collide.output

@@ -12,7 +12,7 @@ import hashlib
 import json
 from pathlib import PurePosixPath
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from b70ctl.documents import Document, Pinned
 from b70ctl.errors import BadInput, first_problem
@@ -38,9 +38,23 @@ class ModelsRecord(Document):
     target: StoredModel
     drafter: StoredModel | None = None
 
+    @model_validator(mode="after")
+    def _one_store(self) -> ModelsRecord:
+        # The container mounts one directory: the drafter sits beside the target (models_record puts both there).
+        store = PurePosixPath(self.target.path).parent
+        if self.drafter is not None and PurePosixPath(self.drafter.path).parent != store:
+            raise ValueError(f"the drafter is not in the target's store directory {store}")
+        return self
+
     def store_dir(self) -> str:
         """The host directory holding target/ (and drafter/): what the serving container mounts at /models."""
         return str(PurePosixPath(self.target.path).parent)
+
+    def in_container(self, mount: str) -> tuple[str, str | None]:
+        """The target's and the drafter's directories as a container that mounts store_dir() at `mount` sees them."""
+        def seen(model: StoredModel) -> str:
+            return f"{mount.rstrip('/')}/{PurePosixPath(model.path).name}"
+        return seen(self.target), None if self.drafter is None else seen(self.drafter)
 
     def label(self) -> str:
         """16 hex digits of the record (paths and revisions): a different record, a different unit."""

@@ -21,8 +21,8 @@ from b70ctl.recipes.model import Recipe, env_problem
 from b70ctl.serve.render import (DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext,
                                  render_container)
 from b70ctl.models.record import parse_models_record
-from b70ctl.serve.unit import (SERVICE_USER, SYSTEMD_DIR, HostServer, HostUnits, ServingContainer, serve_unit,
-                              unit_file_text)
+from b70ctl.serve.unit import (CONTAINER_MODELS_DIR, SERVICE_USER, SYSTEMD_DIR, HostServer, HostUnits,
+                               ServingContainer, serve_unit, unit_file_text)
 
 app = typer.Typer(no_args_is_help=True, help="The vLLM serve command, rendered from recipe and host facts.")
 
@@ -111,7 +111,7 @@ def _container(unit: str, image: str | None, env_file: str | None, api_key_env_f
 
 
 def _render_server(recipe: Recipe, document: TopologyDocument | None, tuned: str | None, site_env: dict[str, str],
-                   model_dir: str, drafter_dir: str, port: int, baseline: bool, compile_cache_dir: str,
+                   model_dir: str, drafter_dir: str | None, port: int, baseline: bool, compile_cache_dir: str,
                    neo_cache_max_bytes: int) -> tuple[ServeCommand, ServeContext]:
     """One server's render: the speculative server with the host's tuned overrides, or the target-only baseline
     as the recipe says (it is the tune's reference)."""
@@ -214,8 +214,10 @@ def units(
     config_dir: Annotated[str, typer.Option(
         help="The host's serving configuration directory: each unit's environment file and the container record")],
     user: Annotated[str, typer.Option(help="The service user the units run as (User=)")],
-    model_dir: Annotated[str, typer.Option(help="Target model directory as the server sees it")] = "/models/target",
-    drafter_dir: Annotated[str, typer.Option(help="Drafter directory as the server sees it")] = "/models/drafter",
+    model_dir: Annotated[str | None, typer.Option(
+        help="Target model directory as the server sees it (default: the models record's, below /models)")] = None,
+    drafter_dir: Annotated[str | None, typer.Option(
+        help="Drafter directory as the server sees it (default: the models record's, below /models)")] = None,
     unit: Annotated[str, typer.Option(help="The speculative server's unit (and container) name")] = "b70-vllm",
     port: Annotated[int, typer.Option(help="The speculative server's port")] = 8000,
     baseline_unit: Annotated[str | None, typer.Option(
@@ -257,12 +259,15 @@ def units(
     site_env = _env_pairs(env or []) | _json_env(env_json)
     loaded = _with_site_env(load_recipe(recipe), site_env)
     document = _topology(topology) if topology is not None else None
+    recorded_target, recorded_drafter = parse_models_record(models_record, "--models-record").in_container(
+        CONTAINER_MODELS_DIR)
+    served_target, served_drafter = model_dir or recorded_target, drafter_dir or recorded_drafter
     servers: list[HostServer] = []
     measured = None  # the speculative server's render: what serve.json and a tune read
     for name, server_port, baseline in [(unit, port, False)] + (
             [(baseline_unit, baseline_port, True)] if baseline_unit is not None else []):
-        command, context = _render_server(loaded, document, tuned, site_env, model_dir, drafter_dir, server_port,
-                                          baseline, compile_cache_dir, neo_cache_max_bytes)
+        command, context = _render_server(loaded, document, tuned, site_env, served_target, served_drafter,
+                                          server_port, baseline, compile_cache_dir, neo_cache_max_bytes)
         env_path = f"{config_dir}/{name}.env"
         served = serve_unit(command, _container(name, image, env_path, api_key_env_file, models_record, context,
                                                 site_env))
