@@ -77,6 +77,8 @@ def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
     result = invoke("host", "environment", "--recipe", "pr620-fp8-tp2", "--json", stdin=json.dumps(bundle))
     assert result.exit_code == 0, result.output
     environment = json.loads(result.stdout)
+    # host_facts.json's bytes: the replication_check role writes stdout as it is.
+    assert result.stdout == json.dumps(environment, indent=2, sort_keys=True) + "\n"
     recipe, lock, _ = load_recipe_and_lock("pr620-fp8-tp2", None)
     assert environment == {
         "hostname": "b70-a", "appliance_hash": appliance_hash(recipe, lock), "image_digest": "sha256:" + "a" * 64,

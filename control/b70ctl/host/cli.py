@@ -307,8 +307,8 @@ def environment_command(
     recipe_model, lock_model, _ = load_recipe_and_lock(recipe, None)
     environment = host_environment(bundle, recipe_model, lock_model)
     document = environment.model_dump(mode="json", exclude={"extra", "served_model"}, exclude_none=True)
-    if as_json:
-        _print_json(document)
+    if as_json:  # the file's bytes (keys sorted): the role writes stdout as it is
+        sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
         return
     out = Console(highlight=False, markup=False, soft_wrap=True)
     for key, value in document.items():
