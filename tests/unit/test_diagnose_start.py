@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from b70ctl.diagnose.start import FailedStart, diagnose_start
 from host_package import host_module
 
 B70CTL = str(Path(sys.executable).with_name("b70ctl"))
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
 KV_CACHE_LOG = FIXTURES / "diagnose" / "real" / "kv-cache-too-large.log"
 HEALTHY_LOG = FIXTURES / "diagnose" / "real" / "healthy.log"
 P2P_LOG = FIXTURES / "field" / "logs" / "s-llm-scaler-398-b70-awq-tp2-ipc.log"
@@ -80,6 +82,21 @@ def test_a_failed_loop_is_named_by_its_first_failed_item_and_an_empty_journal_by
     assert f"Check /v1/models serves the recipe's model failed ({refused}; health timeout 60 s)" in found.message
     assert "Diagnosis: no known failure matched (b70ctl diagnose)." in found.message
     assert not found.found_failure
+
+
+def test_the_role_hands_over_exactly_a_failed_start_and_says_the_rollback_with_the_flag() -> None:
+    """The vllm_serve role's document is this model's fields, no more (the model refuses others), and its two
+    calls are the ones above: before the rollback with --json, after it with --last-good or --no-last-good."""
+    tasks = yaml.safe_load((REPO / "roles/vllm_serve/tasks/diagnose.yml").read_text())
+    kept = next(task for task in tasks if task["name"] == "Keep what failed")
+    assert set(kept["ansible.builtin.set_fact"]["vllm_serve_failed_start"]) == set(FailedStart.model_fields)
+    rollback = yaml.safe_load((REPO / "roles/vllm_serve/tasks/rollback.yml").read_text())
+    block = next(task for task in rollback if "block" in task and any(
+        inner.get("name") == "Name the failure, the rollback and the fix" for inner in task["block"]))
+    call = next(inner for inner in block["block"] if inner.get("name") == "Name the failure, the rollback and the fix")
+    argv = call["ansible.builtin.command"]["argv"]
+    assert argv[1:4] == ["diagnose", "--start", "-"] and "--last-good" in argv[4] and "--no-last-good" in argv[4]
+    assert call["ansible.builtin.command"]["stdin"] == "{{ vllm_serve_failed_start | to_json }}"
 
 
 def run(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
