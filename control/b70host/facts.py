@@ -739,7 +739,10 @@ def collect_facts(root: str = "/") -> Dict[str, Any]:
 def free_space(path: str) -> Dict[str, Any]:
     """The space a file written to `path` can take: the Available column of `df -P` (f_bavail blocks of
     f_frsize bytes, what an unprivileged writer may use) for the filesystem holding it, or holding its nearest
-    existing parent while it is not created yet (the model store, before the first run makes it)."""
+    existing parent while it is not created yet (the model store, before the first run makes it). A relative path
+    is not measured (nothing says what it is relative to on the host): host fit names the setting that gave it."""
+    if not os.path.isabs(path):
+        return {"path": path, "measured_at": None, "free_bytes": None}
     measured = os.path.abspath(path)
     while not os.path.exists(measured):
         measured = os.path.dirname(measured)
@@ -755,10 +758,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if not os.path.isdir(args.root):
         sys.stderr.write("error: --root %s is not a directory: give the root of a sysfs tree\n" % args.root)
-        return 2
-    if args.free_space_of is not None and not os.path.isabs(args.free_space_of):
-        sys.stderr.write("error: --free-space-of %s is not an absolute path: give the directory's full path\n"
-                         % args.free_space_of)
         return 2
     facts = collect_facts(args.root)
     if args.free_space_of is not None:

@@ -21,6 +21,8 @@ B70CTL = str(Path(sys.executable).with_name("b70ctl"))
 GIB = 2**30
 TESTHOSTS_MATRIX = REPO / "tests" / "fixtures" / "releases-testhosts.yaml"
 NOBLE = {"distribution": "Ubuntu", "codename": "noble"}
+# The inventory's settings as the b70 role's defaults give them.
+SETTINGS = {"service_user": "b70", "model_store_dir": "/var/lib/b70/models"}
 
 
 def free(facts: dict, gib: float) -> dict:
@@ -40,15 +42,15 @@ def test_each_host_of_the_play_gets_every_verdict(tmp_path: Path) -> None:
     hosts = [
         # One B70 on a 64 GB host, but 10 GiB free where the models go.
         {"host": "small-disk", "recipe": "dspark-int4-tp1", "facts": free(igpu, 10), "gpus": 1,
-         **NOBLE},
+         **NOBLE, **SETTINGS},
         # Cards without xe under 24.04's GA kernel 6.8: the plan brings the HWE kernel that binds them, so the
         # binding, firmware and kernel verdicts wait for it.
         {"host": "pending", "recipe": "pr620-fp8-tp2", "facts": free(unbound, 500), "gpus": 2,
-         **NOBLE},
+         **NOBLE, **SETTINGS},
         # The same host on a release past its end of life: nothing else is judged.
         {"host": "eol", "recipe": "pr620-fp8-tp2", "facts": free(unbound, 500), "gpus": 2,
-         "distribution": "Ubuntu", "codename": "oracular"},
-        {"host": "cpu", "recipe": "cpu-tiny", "facts": free(igpu, 500), "gpus": 0, **NOBLE},
+         "distribution": "Ubuntu", "codename": "oracular", **SETTINGS},
+        {"host": "cpu", "recipe": "cpu-tiny", "facts": free(igpu, 500), "gpus": 0, **NOBLE, **SETTINGS},
     ]
     result = fit(hosts, "--json")
     assert result.returncode == 1, result.stderr
@@ -77,7 +79,7 @@ def test_the_disk_verdict_reads_the_free_space_the_facts_script_measured(tmp_pat
                            capture_output=True, text=True, check=True)
     facts = json.loads(piped.stdout)
     facts["free_space"]["free_bytes"] = 12 * GIB  # what this machine has free is not the point; the path it takes is
-    host = {"host": "h", "recipe": "dspark-int4-tp1", "facts": facts, "gpus": 1, **NOBLE}
+    host = {"host": "h", "recipe": "dspark-int4-tp1", "facts": facts, "gpus": 1, **NOBLE, **SETTINGS}
     fitted = json.loads(fit([host], "--json").stdout)["h"]
     assert fitted["disk"]["reason"].startswith("12.0 GiB free for the model store, recipe dspark-int4-tp1 needs 40 GiB")
     assert not fitted["fits"]
@@ -87,11 +89,51 @@ def test_the_disk_verdict_reads_the_free_space_the_facts_script_measured(tmp_pat
     assert stale.returncode == 2 and "disk_free_bytes: Extra inputs are not permitted" in stale.stderr, stale.stderr
 
 
+def test_settings_that_would_break_a_unit_mount_or_env_file_are_refused_before_anything_else(tmp_path: Path) -> None:
+    """b70_service_user becomes User=, b70_model_store_dir docker's --volume SRC:/models:ro, vllm_serve_extra_env
+    environment-file lines: each is judged by the rule of what it is written into (the same rules `serve units`
+    applies), and first: even a host on a release past its end of life names them."""
+    facts = free(collect_facts(build_tree(tmp_path, "no-intel-gpu")), 500)
+    base = {"recipe": "cpu-tiny", "facts": facts, "gpus": 0, **NOBLE, **SETTINGS}
+    cases = {
+        "quote-in-user": {"service_user": "b7'0"},
+        "newline-in-store": {"model_store_dir": "/var/lib/b70\nExecStartPre=+/bin/sh"},
+        "colon-in-store": {"model_store_dir": "/srv/models:rw"},
+        "relative-store": {"model_store_dir": "models"},
+        "dotdot-store": {"model_store_dir": "/var/lib/../../etc"},
+        "env-name": {"extra_env": {"BAD NAME": "1"}},
+        "env-line": {"extra_env": {"VLLM_LOGGING_LEVEL": "DEBUG\nEVIL=1"}},
+        "env-bool": {"extra_env": {"VLLM_FLAG": True}},
+        "eol-and-user": {"service_user": "Root", "codename": "oracular"},
+        "fine": {"extra_env": {"VLLM_CPU_KVCACHE_SPACE": 8, "SCALE": 0.9}},
+    }
+    fits = json.loads(fit([{**base, "host": name, **change} for name, change in cases.items()], "--json").stdout)
+    reasons = {name: fits[name]["settings"]["reason"] for name in cases}
+    assert reasons["quote-in-user"].startswith('b70_service_user "b7\'0" holds characters it may not: a user name')
+    assert reasons["newline-in-store"].startswith('b70_model_store_dir "/var/lib/b70\\nExecStartPre=+/bin/sh" holds')
+    for name in ("colon-in-store", "relative-store", "dotdot-store"):
+        assert reasons[name].startswith("b70_model_store_dir "), reasons[name]
+    assert reasons["env-name"].startswith("vllm_serve_extra_env 'BAD NAME': not an environment variable name")
+    assert reasons["env-line"] == ("vllm_serve_extra_env VLLM_LOGGING_LEVEL: the value holds a line break or control "
+                                   "character: give one line")
+    assert reasons["env-bool"] == "vllm_serve_extra_env VLLM_FLAG: True is not a string or a number: quote it"
+    eol = fits["eol-and-user"]
+    assert eol["reasons"][0] == eol["settings"]["reason"] and "oracular" in eol["reasons"][1].lower()
+    assert all(not fits[name]["fits"] for name in cases if name != "fine")
+    assert fits["fine"]["fits"] and fits["fine"]["settings"]["fits"], fits["fine"]["reasons"]
+    # The same rule as the command that writes the env file: what one refuses, the other does.
+    units = subprocess.run([B70CTL, "serve", "units", "--recipe", "cpu-tiny", "--image", "sha256:" + "a" * 64,
+                            "--models-record", json.dumps({"target": {"path": "/m/target", "revision": "r"}}),
+                            "--config-dir", "/etc/b70/serve", "--user", "b70", "--env-json",
+                            json.dumps({"VLLM_FLAG": True})], capture_output=True, text=True, timeout=60)
+    assert units.returncode == 2 and "VLLM_FLAG: True is not a string or a number: quote it" in units.stderr
+
+
 def test_fewer_gpus_in_the_inventory_than_the_recipes_tensor_parallel_size_is_refused(tmp_path: Path) -> None:
     """b70_gpus below the recipe's TP size: refused even on a host with the cards (vLLM would be started on one card
     with --tensor-parallel-size 2). A CPU recipe asks for none, whatever b70_gpus says."""
     two_b70 = collect_facts(build_tree(tmp_path, "b70x2-switch"))
-    hosts = [{"host": name, "recipe": recipe, "facts": free(two_b70, 500), "gpus": gpus, **NOBLE}
+    hosts = [{"host": name, "recipe": recipe, "facts": free(two_b70, 500), "gpus": gpus, **NOBLE, **SETTINGS}
              for name, recipe, gpus in [("one", "pr620-fp8-tp2", 1), ("two", "pr620-fp8-tp2", 2),
                                         ("cpu", "cpu-tiny", 1)]]
     fits = json.loads(fit(hosts, "--json").stdout)
@@ -106,7 +148,7 @@ def test_a_test_hosts_debian_is_accepted_only_on_a_test_host(tmp_path: Path) -> 
     old_kernel = collect_facts(build_tree(tmp_path, "b70x2-switch-old-kernel"))
     host = {"host": "b70-app-4", "recipe": "pr620-fp8-tp2", "facts": free(old_kernel, 500), "gpus": 2,
             "distribution": "Debian", "codename": "bookworm",
-            "test_host_distributions": ["Debian"]}
+            "test_host_distributions": ["Debian"], **SETTINGS}
     # Debian's own matrix plans the kernel that binds the cards (what host_kernel's appliance test installs).
     accepted = json.loads(fit([{**host, "test_host": True}], "--releases", str(TESTHOSTS_MATRIX), "--json").stdout)
     assert accepted["b70-app-4"]["fits"] and accepted["b70-app-4"]["kernel_plan"]["needed"]
@@ -152,7 +194,7 @@ def test_a_kernel_older_than_the_recipes_names_each_releases_kernel_package(tmp_
     archive: the 24.04 HWE meta-package, 26.04's linux-generic)."""
     facts = collect_facts(build_tree(tmp_path, "no-intel-gpu"))
     result = fit([{"host": "h", "recipe": "pr620-fp8-tp2", "facts": free(facts, 500), "gpus": 2,
-                   **NOBLE}], "--json")
+                   **NOBLE, **SETTINGS}], "--json")
     fitted = json.loads(result.stdout)["h"]
     assert not fitted["kernel_plan"]["needed"]
     assert fitted["kernel"]["reason"] == (

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -960,8 +961,10 @@ def _inventory(text: str | None) -> Callable[[Path], Path]:
     return make
 
 
-HOST_VARS = ("ansible_connection=local b70_recipe=cpu-tiny b70_gpus=0 b70_service_user=b70 "
-             "b70_model_store_dir=/var/lib/b70/models b70_api_key=k ")
+# The settings cases reach preflight's host checks (b70ctl host fit judges them), which run modules on the host:
+# here the controller itself, with the interpreter the tests run under.
+HOST_VARS = (f"ansible_connection=local ansible_python_interpreter={sys.executable} b70_recipe=cpu-tiny b70_gpus=0 "
+             "b70_service_user=b70 b70_model_store_dir=/var/lib/b70/models b70_api_key=k ")
 INVENTORY_CASES = {
     "missing": (_inventory(None), r"(?i)unable to parse|could not be parsed|no inventory"),
     "malformed-ini": (_inventory("[b70_hosts\nhost-a\n"), r"(?i)unable to parse|failed to parse"),

@@ -90,5 +90,10 @@ def test_recipes_check_answers_preflight_for_every_recipe_of_a_play_keyed_as_the
     assert all(checked["pr620-fp8-tp2"]["hub_repos"])
     _, allowed = _status("--recipe", "pr620-fp8-tp2", "--allow-unresolved")
     assert checked["pr620-fp8-tp2"]["lock_warning"] == allowed["message"]
+    # b70_recipe travels on command lines and keys the play's documents: only plain names and paths.
+    odd = json.loads(CliRunner().invoke(app, ["recipes", "check", "--json", "--", "cpu tiny", "cpu-tiny\n"]).stdout)
+    assert odd["recipes"]["cpu tiny"]["error"] == ('"cpu tiny" holds characters it may not: a recipe name or file '
+                                                   'path of letters, digits and . _ / + -')
+    assert odd["recipes"]["cpu-tiny\n"]["error"].startswith('"cpu-tiny\\n" holds characters')
     people = CliRunner().invoke(app, ["recipes", "check", "cpu-tiny", "pr620-fp8-tp2"])
     assert people.exit_code == 1 and "is NOT resolved" in people.stdout.splitlines()[1]

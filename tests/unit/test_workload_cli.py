@@ -408,6 +408,15 @@ def test_serve_units_gives_every_unit_of_a_host_as_the_role_writes_them() -> Non
                             "drafter": {"path": "/srv/other/drafter", "revision": "r2"}})
     refused = invoke(*[elsewhere if part == models else part for part in common], "--user", "b70")
     assert refused.exit_code == 2 and "the drafter is not in the target's store directory /srv/store" in refused.output
+    # docker's --volume SRC:/models:ro: a ':' in the store (from a recipe named so) would split it; refused by the
+    # rule host fit applies to b70_model_store_dir.
+    no_drafter = json.dumps({"target": {"path": "/var/lib/b70/models/cpu-tiny/target", "revision": "r1"}})
+    missing = invoke(*[no_drafter if part == models else part for part in common], "--user", "b70")
+    assert missing.exit_code == 2 and "--models-record holds no drafter, and recipe cpu-tiny has one" in missing.output
+    colon = json.dumps({"target": {"path": "/var/lib/b70/models/x:rw/target", "revision": "r1"},
+                        "drafter": {"path": "/var/lib/b70/models/x:rw/drafter", "revision": "r2"}})
+    mount = invoke(*[colon if part == models else part for part in common], "--user", "b70")
+    assert mount.exit_code == 2 and "'/var/lib/b70/models/x:rw' cannot be mounted as it is" in mount.output
     override = invoke(*common, "--user", "b70", "--drafter-dir", "/models/draft-perturbed", "--json")
     assert "/models/draft-perturbed" in json.loads(override.stdout)["servers"][0]["exec_start_line"]
 

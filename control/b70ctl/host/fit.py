@@ -11,6 +11,8 @@ itself) wait for it: host_kernel checks them after the reboot.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
@@ -22,7 +24,8 @@ from b70ctl.host.model import FactsDocument
 from b70ctl.host.releases import ReleaseMatrix, load_matrix, release_verdict
 from b70ctl.host.memory import (GIB, KV_CACHE_GIB_MIN, CardFit, Fit, GpuCountFit, RamFit, card_fit, gpu_count_fit,
                                 host_vram_gib, peer_mirror_gib, ram_fit, usable_gpus)
-from b70ctl.recipes.model import Recipe
+from b70ctl.recipes.model import Recipe, site_env_problem
+from b70ctl.serve.unit import MODEL_STORE_DIR, SERVICE_USER
 
 class HostFit(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -36,6 +39,8 @@ class HostFit(BaseModel):
     firmware: SerializeAsAny[Fit] | None = None  # host/firmware.py FirmwareFit: GuC release and VRAM BAR
     kernel: Fit | None = Field(None, description="The running kernel against the recipe's kernel_min")
     disk: Fit | None = Field(None, description="The model store's free space against the recipe's disk_gib_min")
+    settings: Fit | None = Field(None, description="With --hosts: the inventory's settings against the rules of the "
+                                                  "unit files, mounts and environment files they are written into")
     release: Fit | None = Field(None, description="With --hosts: the host's release against the release matrix")
     kernel_plan: KernelPlan | None = Field(None, description="With --hosts: what the host_kernel role installs first")
 
@@ -53,6 +58,33 @@ class PlayHost(Document):
                                                "test_host_distributions")
     test_host_distributions: list[str] = Field(default_factory=list,
                                                description="Distributions accepted on test hosts beside the matrix")
+    service_user: str = Field(description="b70_service_user: the units' User=")
+    model_store_dir: str = Field(description="b70_model_store_dir: mounted into the serving containers")
+    extra_env: dict[str, Any] = Field(default_factory=dict,
+                                      description="vllm_serve_extra_env: lines of the units' environment files")
+
+
+def settings_fit(host: PlayHost) -> Fit:
+    """The inventory's settings that reach a unit file, a mount or an environment file, each against the rule of
+    the place it reaches (serve/unit.py, recipes/model.py): a quote or a line break can never break or extend what
+    is written from them. Judged before anything else: nothing else is safe to act on otherwise."""
+    problems = []
+    if not re.fullmatch(SERVICE_USER, host.service_user):
+        problems.append(f"b70_service_user {json.dumps(host.service_user)} holds characters it may not: a user name "
+                        "(lower-case letters, digits, _ and -, up to 32, first a letter or _): set b70_service_user "
+                        "to such a value")
+    if not re.fullmatch(MODEL_STORE_DIR, host.model_store_dir):
+        problems.append(f"b70_model_store_dir {json.dumps(host.model_store_dir)} holds characters it may not: an "
+                        "absolute path of letters, digits and . _ + - (no spaces, quotes, ':' or ..): set "
+                        "b70_model_store_dir to such a value")
+    for name, value in host.extra_env.items():
+        problem = site_env_problem(name, value)
+        if problem is not None:
+            problems.append(f"vllm_serve_extra_env {problem}")
+    if problems:
+        return Fit(fits=False, reason="; ".join(problems))
+    return Fit(fits=True, reason=f"b70_service_user, b70_model_store_dir and {len(host.extra_env)} "
+                                 "vllm_serve_extra_env entries are safe to write")
 
 
 def newer_kernel_fix(matrix: ReleaseMatrix) -> str:
@@ -95,8 +127,8 @@ def host_fit(recipe: Recipe, facts: dict[str, Any], kv_cache_gib_required: float
     # The firmware and the kernel come with a pending kernel plan: host_kernel checks them after the reboot.
     firmware = None if kernel_plan_needed else firmware_fit(recipe, facts)
     kernel = None if kernel_plan_needed else kernel_fit(recipe, facts, matrix)
-    free_space = facts.get("free_space")
-    disk = None if free_space is None else disk_fit(recipe, free_space["free_bytes"])
+    free_bytes = (facts.get("free_space") or {}).get("free_bytes")
+    disk = None if free_bytes is None else disk_fit(recipe, free_bytes)
     parts: list[Fit | None] = [gpus, card, ram, firmware, kernel, disk]
     failed = [part.reason for part in parts if part is not None and not part.fits]
     return HostFit(recipe=recipe.name, fits=not failed, reasons=failed, gpus=gpus, card=card, ram=ram,
@@ -117,12 +149,14 @@ def release_fit(host: PlayHost, matrix: ReleaseMatrix) -> Fit:
 def play_fit(host: PlayHost, recipe: Recipe, matrix: ReleaseMatrix) -> HostFit:
     """One host of a play: its release first (on a release the appliance does not provision, nothing else is
     judged), then the kernel plan and every verdict of host_fit."""
+    settings = settings_fit(host)
     release = release_fit(host, matrix)
     facts = host.facts.model_dump()
     plan = kernel_plan(recipe, facts, host.distribution, host.codename, matrix)
     fit = host_fit(recipe, facts, gpus_required=host.gpus,
                    kernel_plan_needed=plan.needed, matrix=matrix)
-    if not release.fits:
-        return fit.model_copy(update={"fits": False, "reasons": [release.reason], "release": release,
-                                      "kernel_plan": plan})
-    return fit.model_copy(update={"release": release, "kernel_plan": plan})
+    settings_reasons = [] if settings.fits else [settings.reason]
+    reasons = [release.reason] if not release.fits else fit.reasons
+    return fit.model_copy(update={"fits": not (settings_reasons or not release.fits or not fit.fits),
+                                  "reasons": settings_reasons + reasons, "settings": settings, "release": release,
+                                  "kernel_plan": plan})

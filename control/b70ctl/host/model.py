@@ -162,8 +162,9 @@ class FreeSpace(_Facts):
     """facts.py --free-space-of: what preflight asks of the model store's filesystem."""
 
     path: str
-    measured_at: str = Field(description="The path itself, or its nearest existing parent before it is created")
-    free_bytes: int = Field(ge=0, description="df -P's Available: f_bavail blocks of f_frsize bytes")
+    measured_at: str | None = Field(description="The path itself, or its nearest existing parent before it is "
+                                                "created; null for a relative path, which is not measured")
+    free_bytes: int | None = Field(ge=0, description="df -P's Available: f_bavail blocks of f_frsize bytes")
 
 
 class FactsDocument(_Facts):

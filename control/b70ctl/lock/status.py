@@ -7,6 +7,8 @@ opts in (preflight_allow_unresolved_lock), and then the run says so.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 from pydantic import Field
@@ -17,7 +19,7 @@ from b70ctl.lock.model import Lock, load_recipe_and_lock
 from b70ctl.lock.registry import parse_reference
 from b70ctl.lock.resolve import hub_endpoint
 from b70ctl.lock.vendor import NETWORK_NEEDED
-from b70ctl.recipes import Recipe
+from b70ctl.recipes import RECIPE_REFERENCE, Recipe
 
 
 def network_for(part: str, recipe: Recipe) -> str:
@@ -94,6 +96,10 @@ def check_recipes(names: list[str]) -> RecipeChecks:
     hosts that name it."""
     checked: dict[str, RecipeCheck] = {}
     for name in dict.fromkeys(names):
+        if not re.fullmatch(RECIPE_REFERENCE, name):
+            checked[name] = RecipeCheck(error=f"{json.dumps(name)} holds characters it may not: a recipe name or "
+                                              "file path of letters, digits and . _ / + -")
+            continue
         try:
             recipe, lock, path = load_recipe_and_lock(name)
         except BadInput as error:

@@ -32,6 +32,9 @@ def recipe_path(name: str) -> Path:
 
 # A recipe is a page of YAML; anything much larger is not one (and /dev/zero would never end).
 MAX_RECIPE_BYTES = 1 * 2**20
+# What an inventory's b70_recipe may hold (a shipped name or a recipe file's path): every stage passes it on
+# command lines and keys the play's documents by it.
+RECIPE_REFERENCE = r"[A-Za-z0-9_./+-]+"
 
 
 def load_recipe_file(path: Path) -> Recipe:

@@ -34,6 +34,14 @@ def env_problem(name: str, value: str) -> str | None:
     return None
 
 
+def site_env_problem(name: str, value: object) -> str | None:
+    """env_problem for a site's entry as YAML or JSON gives it (vllm_serve_extra_env): a string or a number (a
+    YAML 8 or 0.9 is meant as text), never a boolean, an object, a list or null."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return f"{name}: {value!r} is not a string or a number: quote it"
+    return env_problem(name, str(value))
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
 

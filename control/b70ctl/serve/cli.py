@@ -17,7 +17,7 @@ from b70ctl.files import parse_json
 from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
-from b70ctl.recipes.model import Recipe, env_problem
+from b70ctl.recipes.model import Recipe, env_problem, site_env_problem
 from b70ctl.serve.render import (DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext,
                                  render_container)
 from b70ctl.models.record import parse_models_record
@@ -66,9 +66,7 @@ def _json_env(text: str | None) -> dict[str, str]:
         raise BadInput(f"--env-json: expected a JSON object of NAME: value, found {type(data).__name__}")
     env: dict[str, str] = {}
     for name, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise BadInput(f"--env-json {name}: {value!r} is not a string or a number: quote it")
-        problem = env_problem(name, str(value))
+        problem = site_env_problem(name, value)
         if problem is not None:
             raise BadInput(f"--env-json {problem}")
         env[name] = str(value)
@@ -262,6 +260,9 @@ def units(
     recorded_target, recorded_drafter = parse_models_record(models_record, "--models-record").in_container(
         CONTAINER_MODELS_DIR)
     served_target, served_drafter = model_dir or recorded_target, drafter_dir or recorded_drafter
+    if served_drafter is None and loaded.drafter is not None:
+        raise BadInput(f"--models-record holds no drafter, and recipe {loaded.name} has one: install the recipe's "
+                       "models first (playbooks/models.yml writes the record), or give --drafter-dir")
     servers: list[HostServer] = []
     measured = None  # the speculative server's render: what serve.json and a tune read
     for name, server_port, baseline in [(unit, port, False)] + (

@@ -18,7 +18,9 @@ systemd reads back exactly the value and no value can end the line, open a quote
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+
+from pydantic import Field, field_validator
 
 from b70ctl.documents import Document
 from b70ctl.errors import BadInput
@@ -29,6 +31,10 @@ SYSTEMD_DIR = "/etc/systemd/system"
 # A login name as useradd(8) takes it (CAVEATS: [a-z_][a-z0-9_-]*[$]?, up to 32 characters; the trailing $ of
 # machine accounts left out): nothing a unit's User= could read otherwise.
 SERVICE_USER = r"^[a-z_][a-z0-9_-]{0,31}$"
+# The host's model store, as the inventory may name it: an absolute path of plain components (none starting with
+# '.', so no '..'), since it is docker's --volume SRC:/models:ro (a ':' or ',' would split it) and is written into
+# unit files and command lines.
+MODEL_STORE_DIR = r"^(/[A-Za-z0-9_][A-Za-z0-9._+-]*)+$"
 # Where the container sees the host's model store (read-only); the render's --model-dir/--drafter-dir are below it.
 CONTAINER_MODELS_DIR = "/models"
 # The label naming what models the container serves: a new models.json changes the ExecStart, so the unit restarts.
@@ -89,6 +95,14 @@ class ServingContainer(Document):
     # restarts do not recompile what the served configuration already compiled.
     compile_cache_dir: str = DEFAULT_COMPILE_CACHE_DIR
     neo_cache_max_bytes: int = Field(DEFAULT_NEO_CACHE_MAX_BYTES, ge=0)
+
+    @field_validator("models_dir")
+    @classmethod
+    def _mountable(cls, value: str) -> str:
+        if not re.fullmatch(MODEL_STORE_DIR, value):
+            raise ValueError(f"{value!r} cannot be mounted as it is: an absolute path of letters, digits and . _ + - "
+                             "(no spaces, quotes, ':' or ..)")
+        return value
 
     def context(self, speculative: bool) -> ServeContext:
         """What the render is given for this container (the speculative server, or its target-only baseline)."""
