@@ -213,13 +213,13 @@ def test_profile_override_per_host(provisioned) -> None:
 BROKEN_INVENTORIES = {
     "unknown-recipe": ({"b70_recipe": "no-such-recipe"},
                        "b70_recipe 'no-such-recipe' cannot be used: unknown recipe 'no-such-recipe'"),
-    # b70ctl host fit's verdict (the lock is let through to reach it, as for the RAM below).
+    # b70ctl host fit's verdicts, on the bare host's own tree (it has no fixture one): the lock is let through to
+    # reach them.
     "tp2-on-one-gpu": ({"b70_recipe": "pr620-fp8-tp2", "b70_gpus": 1, "b70_hf_token": "hf_dummy",
-                        "preflight_allow_unresolved_lock": True},
+                        "b70_gpu_root_prefix": "/", "preflight_allow_unresolved_lock": True},
                        "recipe pr620-fp8-tp2 runs tensor-parallel 2 on 2 GPU(s), but b70_gpus is 1"),
     "missing-secret": ({"b70_recipe": "dspark-int4-tp1"},
                        "secret b70_hf_token is missing or empty; recipe dspark-int4-tp1 downloads"),
-    # The shipped B70 locks are unresolved: opting in lets preflight go on to the host's RAM.
     "too-little-ram": ({"b70_recipe": "dspark-int4-tp1", "b70_hf_token": "hf_dummy", "b70_gpu_root_prefix": "/",
                         "preflight_allow_unresolved_lock": True},
                        "recipe dspark-int4-tp1 needs 64 GB of RAM installed"),
