@@ -408,8 +408,9 @@ def test_serve_units_gives_every_unit_of_a_host_as_the_role_writes_them() -> Non
                             "drafter": {"path": "/srv/other/drafter", "revision": "r2"}})
     refused = invoke(*[elsewhere if part == models else part for part in common], "--user", "b70")
     assert refused.exit_code == 2 and "the drafter is not in the target's store directory /srv/store" in refused.output
-    # docker's --volume SRC:/models:ro: a ':' in the store (from a recipe named so) would split it; refused by the
-    # rule host fit applies to b70_model_store_dir.
+    # docker's --volume SRC:/models:ro: moby refuses a spec with more than two ':' (volume/mounts/linux_parser.go,
+    # linuxSplitRawSpec), so a ':' in the store (from a recipe named so) is refused here first, by the rule host fit
+    # applies to b70_model_store_dir.
     no_drafter = json.dumps({"target": {"path": "/var/lib/b70/models/cpu-tiny/target", "revision": "r1"}})
     missing = invoke(*[no_drafter if part == models else part for part in common], "--user", "b70")
     assert missing.exit_code == 2 and "--models-record holds no drafter, and recipe cpu-tiny has one" in missing.output

@@ -32,8 +32,8 @@ SYSTEMD_DIR = "/etc/systemd/system"
 # machine accounts left out): nothing a unit's User= could read otherwise.
 SERVICE_USER = r"^[a-z_][a-z0-9_-]{0,31}$"
 # The host's model store, as the inventory may name it: an absolute path of plain components (none starting with
-# '.', so no '..'), since it is docker's --volume SRC:/models:ro (a ':' or ',' would split it) and is written into
-# unit files and command lines.
+# '.', so no '..'), since it is the SRC of docker's --volume SRC:/models:ro, which moby splits on ':' (volume/mounts/
+# linux_parser.go linuxSplitRawSpec: more than two ':' is an invalid spec), and is written into unit files.
 MODEL_STORE_DIR = r"^(/[A-Za-z0-9_][A-Za-z0-9._+-]*)+$"
 # Where the container sees the host's model store (read-only); the render's --model-dir/--drafter-dir are below it.
 CONTAINER_MODELS_DIR = "/models"
