@@ -670,10 +670,10 @@ def _warnings(gpus: List[Dict[str, Any]], firmware_files: Dict[str, Any]) -> Lis
     return warnings
 
 
-def collect_facts(root: str = "/") -> Dict[str, Any]:
+def collect_facts(root: str = "/", free_space_of: Optional[str] = None) -> Dict[str, Any]:
     """Everything the plays and `b70ctl host` need about this host's GPUs, as a JSON-able dict. What could not be
     read is named in `warnings`: a tree without PCI devices, or a device whose identity is unreadable, must not
-    pass for a host with no GPU."""
+    pass for a host with no GPU. With `free_space_of` (the model store), also its free space (free_space below)."""
     drm = _drm_nodes(root)
     discrete: List[Dict[str, Any]] = []
     integrated: List[Dict[str, Any]] = []
@@ -715,7 +715,7 @@ def collect_facts(root: str = "/") -> Dict[str, Any]:
         count_by_model[gpu["model"]] = count_by_model.get(gpu["model"], 0) + 1
     firmware_files = _firmware_files(root)
     ram_total_bytes = parse_meminfo_total_bytes(_read_text(_path(root, "/proc/meminfo")))
-    return {
+    facts: Dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "root": root,
         "kernel_release": _read_text(_path(root, "/proc/sys/kernel/osrelease")),
@@ -734,6 +734,9 @@ def collect_facts(root: str = "/") -> Dict[str, Any]:
         "cpu": parse_cpuinfo(_read_text(_path(root, "/proc/cpuinfo"))),
         "host_bridge_devices": _root_bus_devices(root),
     }
+    if free_space_of is not None:
+        facts["free_space"] = free_space(free_space_of)
+    return facts
 
 
 def free_space(path: str) -> Dict[str, Any]:
@@ -759,9 +762,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not os.path.isdir(args.root):
         sys.stderr.write("error: --root %s is not a directory: give the root of a sysfs tree\n" % args.root)
         return 2
-    facts = collect_facts(args.root)
-    if args.free_space_of is not None:
-        facts["free_space"] = free_space(args.free_space_of)
+    facts = collect_facts(args.root, args.free_space_of)
     for warning in facts["warnings"]:
         sys.stderr.write("warning: %s\n" % warning)  # stdout stays the JSON Ansible reads
     sys.stdout.write(json.dumps(facts, indent=2) + "\n")

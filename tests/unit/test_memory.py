@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -194,6 +196,33 @@ def test_cli_fit_exit_codes(tmp_path: Path) -> None:
                                    build_tree(tmp_path, "b70-igpu"), "--json"])
     assert bad.exit_code == 1
     assert json.loads(bad.stdout)["ram"]["fits"] is False
+
+
+def test_cli_fit_measures_the_store_it_is_given_and_says_when_it_did_not(tmp_path: Path) -> None:
+    """On a host, as on the controller from preflight's facts: --free-space-of gives the disk verdict; without it
+    the text says the disk was not measured rather than leave the line out."""
+    tree, store = build_tree(tmp_path / "tree", "b70x4-two-switches"), tmp_path / "store" / "not-yet-made"
+    measured = CliRunner().invoke(app, ["host", "fit", "--recipe", "pr620-fp8-tp2", "--root", tree,
+                                        "--free-space-of", str(store), "--json"])
+    assert measured.exit_code in (0, 1), measured.output
+    disk = json.loads(measured.stdout)["disk"]
+    assert "GiB free for the model store, recipe pr620-fp8-tp2 needs 80 GiB" in disk["reason"]
+    unmeasured = CliRunner().invoke(app, ["host", "fit", "--recipe", "pr620-fp8-tp2", "--root", tree])
+    assert unmeasured.exit_code == 0, unmeasured.output
+    assert "- Disk: not measured (give --free-space-of the model store, or facts read with it)" in unmeasured.stdout
+    facts = CliRunner().invoke(app, ["host", "facts", "--root", tree, "--free-space-of", str(store), "--json"])
+    assert json.loads(facts.stdout)["free_space"]["measured_at"] == str(tmp_path)
+
+
+def test_cli_fit_refuses_to_measure_here_for_facts_read_elsewhere(tmp_path: Path) -> None:
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps(collect_facts(build_tree(tmp_path / "tree", "b70x2-switch"))))
+    result = subprocess.run([str(Path(sys.executable).with_name("b70ctl")), "host", "fit", "--recipe",
+                             "pr620-fp8-tp2", "--facts", str(facts), "--free-space-of", str(tmp_path)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --free-space-of measures this machine, --facts was read on another")
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
 
 
 # intel/compute-runtime #953 (https://github.com/intel/compute-runtime/issues/953), as intel/llm-scaler #618

@@ -47,6 +47,9 @@ class Probe(str, Enum):
     never = "never"
 
 RootOption = Annotated[str, typer.Option("--root", help="Root prefix of the sysfs/procfs tree to read")]
+FreeSpaceOption = Annotated[str | None, typer.Option(
+    "--free-space-of", show_default=False, help="Also measure the free space for this directory on this machine "
+    "(the model store, b70_model_store_dir; an absolute path, not under --root)")]
 
 
 def _check_root(root: str) -> None:
@@ -63,10 +66,11 @@ def _gib(value: int | None) -> str:
 
 
 @app.command("facts")
-def facts_command(root: RootOption = "/", as_json: JsonOption = False) -> None:
-    """Intel GPUs by PCI id, driver binding, DRM nodes, links, BAR, firmware; kernel and RAM."""
+def facts_command(root: RootOption = "/", free_space_of: FreeSpaceOption = None, as_json: JsonOption = False) -> None:
+    """Intel GPUs by PCI id, driver binding, DRM nodes, links, BAR, firmware; kernel and RAM; the model store's free
+    space with --free-space-of."""
     _check_root(root)
-    facts = collect_facts(root)
+    facts = collect_facts(root, free_space_of)
     # On stderr in both modes: what could not be read is said by name, even when the JSON goes to a pipe.
     warn = Console(stderr=True, highlight=False, soft_wrap=True)
     for warning in facts["warnings"]:
@@ -77,6 +81,11 @@ def facts_command(root: RootOption = "/", as_json: JsonOption = False) -> None:
     out = Console()
     out.print(f"kernel {facts['kernel_release'] or '?'}, RAM {facts['ram_total_gib'] or '?'} GiB, "
               f"{facts['gpu_count']} Intel discrete GPU(s), {facts['gpu_count_xe_bound']} bound to xe")
+    if "free_space" in facts:
+        space = facts["free_space"]
+        out.print(f"model store {space['path']}: " + (
+            f"{_gib(space['free_bytes'])} free on the filesystem of {space['measured_at']}"
+            if space["free_bytes"] is not None else "not measured (give an absolute path)"), highlight=False)
     table = Table("#", "PCI", "id", "model", "driver", "nodes", "slot link", "VRAM BAR", "VRAM", "NUMA", "GuC")
     for gpu in facts["gpus"]:
         slot = gpu["slot_link"]
@@ -209,21 +218,23 @@ def fit_command(
     root: RootOption = "/",
     facts: Annotated[str | None, typer.Option(
         "--facts", help="Read the host's facts from this file (or - for stdin) instead of under --root")] = None,
+    free_space_of: FreeSpaceOption = None,
     kv_cache_gib: Annotated[float, typer.Option("--kv-cache-gib", min=0, help="KV cache each card needs")] =
         KV_CACHE_GIB_MIN,
     hosts: Annotated[str | None, typer.Option(
-        "--hosts", help="Every host of a play at once: a JSON list of {host, recipe, facts, gpus, "
-                        "distribution, codename, test_host, test_host_distributions} (- reads stdin); prints "
-                        "{host: fit}, each with its kernel plan (preflight's one call)")] = None,
+        "--hosts", help=f"Every host of a play at once: a JSON list of {{{', '.join(PlayHost.model_fields)}}} "
+                        "(- reads stdin); prints {host: fit}, each with its kernel plan (preflight's one call)")] =
+        None,
     releases: ReleasesOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Does the recipe fit this host: GPU count and binding, per-card VRAM budget, host RAM, firmware, kernel, and
-    the model store's free space (facts read with --free-space-of, as preflight's are). Exit 1 when it does not
-    (with --hosts: when one host does not)."""
+    the model store's free space (--free-space-of, or facts read with it, as preflight's are). Exit 1 when it does
+    not (with --hosts: when one host does not)."""
     if hosts is not None:
-        if recipe is not None or recipe_argument is not None or facts is not None:
-            raise BadInput("--hosts names each host's recipe and facts: give it without --recipe and --facts")
+        if recipe is not None or recipe_argument is not None or facts is not None or free_space_of is not None:
+            raise BadInput("--hosts names each host's recipe and facts: give it without --recipe, --facts and "
+                           "--free-space-of")
         fits = fit_play(hosts, releases)
         if as_json:
             _print_json({name: fit.model_dump(mode="json") for name, fit in fits.items()})
@@ -245,17 +256,23 @@ def fit_command(
         recipe = recipe_argument
     if recipe is None:
         raise BadInput("no recipe: give --recipe NAME (b70ctl recipes list) or --recipe FILE")
+    if facts is not None and free_space_of is not None:
+        raise BadInput("--free-space-of measures this machine, --facts was read on another: give the facts read "
+                       "with it there (b70host.facts --free-space-of), or drop --facts")
     if facts is None:
         _check_root(root)
-    result = host_fit(load_recipe(recipe), load_facts(facts).model_dump() if facts else collect_facts(root),
-                      kv_cache_gib)
+    result = host_fit(load_recipe(recipe), load_facts(facts).model_dump() if facts else
+                      collect_facts(root, free_space_of), kv_cache_gib)
     if as_json:
         _print_json(result.model_dump(mode="json"))
     else:
-        out = Console()
+        out = Console(soft_wrap=True)  # one line per verdict, as long as its reason, in a terminal or a pipe
         for name, part in (("GPUs", result.gpus), ("VRAM", result.card), ("RAM", result.ram),
                            ("Firmware", result.firmware), ("Kernel", result.kernel), ("Disk", result.disk)):
             if part is None:
+                if name == "Disk":
+                    out.print("- Disk: not measured (give --free-space-of the model store, or facts read with it)",
+                              highlight=False)
                 continue
             mark = "[green]ok[/]" if part.fits else "[red]FAIL[/]"
             out.print(f"{mark} {name}: {part.reason}", highlight=False)
