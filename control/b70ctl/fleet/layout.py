@@ -19,8 +19,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, Field, ValidationError, create_model
 
+from b70ctl.documents import Read
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded
 from b70ctl.report.load import MAX_REPORT_BYTES
@@ -35,11 +36,9 @@ UNREACHABLE_FILE = "unreachable.json"
 FLEET_JSON = "fleet.json"  # a directory holding one is a fleet report's output, not a host
 
 
-class UnreachableMarker(BaseModel):
+class UnreachableMarker(Read):
     """unreachable.json: why a host has no report. Written by the verify play for a host that was unreachable
     or whose verify task failed before it wrote a report."""
-
-    model_config = ConfigDict(extra="ignore")
 
     host: str | None = Field(None, description="Informational: the directory names the host")
     kind: Literal["unreachable", "failed"] = Field(
@@ -51,12 +50,6 @@ class UnreachableMarker(BaseModel):
     recorded_at: datetime | None = None
 
 
-
-
-class _IgnoreOtherKeys(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
 # host_facts.json: what the fleet report reads from a host's facts. Built from the report's Environment model, so
 # each fact is declared once: a field added there is read from host_facts.json too, with the same type. Keys are
 # those field names; any other key is ignored. Values from report.json win over these.
@@ -64,7 +57,7 @@ _HOST_FACT_FIELDS: dict[str, Any] = {name: (Environment.model_fields[name].annot
                                      for name in HOST_FACT_FIELDS}
 HostFacts = create_model(
     "HostFacts",
-    __base__=_IgnoreOtherKeys,
+    __base__=Read,
     __doc__="host_facts.json: the facts of one host, by the name of the report's Environment field they fill.",
     **_HOST_FACT_FIELDS,
 )
