@@ -7,8 +7,8 @@ new lines would follow the failed start's).
     python3 -m b70host.journal [--lines N] < servers.json
 
 servers.json is the role's list of servers, as for serve_wait. Prints one JSON object, {"units": [{"unit": NAME,
-"lines": [...]}]}, in the list's order; a unit journalctl cannot read has no lines (the diagnosis says it read
-nothing). Exit 0, or 2 on bad arguments or a bad list.
+"lines": [...], "error": null}]}, in the list's order; a unit journalctl cannot read has no lines and journalctl's
+last line of error (the diagnosis quotes it). Exit 0, or 2 on bad arguments or a bad list.
 """
 
 from __future__ import annotations
@@ -23,10 +23,17 @@ from b70host.serve_wait import read_servers
 DEFAULT_LINES = 400
 
 
-def unit_lines(unit: str, count: int) -> list[str]:
-    shown = subprocess.run(["journalctl", "--unit", unit, "--lines", str(count), "--no-pager", "--output", "cat"],
-                           capture_output=True, text=True, errors="replace", check=False)
-    return shown.stdout.splitlines() if shown.returncode == 0 else []
+def unit_journal(unit: str, count: int) -> dict[str, object]:
+    """The unit's last lines, or none and what journalctl said instead."""
+    try:
+        shown = subprocess.run(["journalctl", "--unit", unit, "--lines", str(count), "--no-pager", "--output", "cat"],
+                               capture_output=True, text=True, errors="replace", check=False)
+    except OSError as error:  # no journalctl at all: a host without systemd's journal
+        return {"unit": unit, "lines": [], "error": error.strerror or str(error)}
+    if shown.returncode != 0:
+        said = (shown.stderr.strip().splitlines() or ["exit %d" % shown.returncode])[-1]
+        return {"unit": unit, "lines": [], "error": said}
+    return {"unit": unit, "lines": shown.stdout.splitlines(), "error": None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         servers = read_servers(sys.stdin.read())
     except ValueError as error:
         parser.error(str(error))
-    print(json.dumps({"units": [{"unit": unit, "lines": unit_lines(unit, args.lines)} for unit, _ in servers]}))
+    print(json.dumps({"units": [unit_journal(unit, args.lines) for unit, _ in servers]}))
     return 0
 
 

@@ -30,11 +30,24 @@ DIED = ("b70-vllm died while starting (1 time(s); systemd: activating/auto-resta
         "/health answered on port 8000, after 41 s")
 
 
+def registered(stdout: str, rc: int = 0, stderr: str = "") -> dict:
+    """A command task's result as Ansible registers it (ansible.builtin.command's keys): the role passes its journal
+    read on whole."""
+    return {"changed": False, "cmd": ["/usr/bin/python3", "-P", "-B", "-m", "b70host.journal"], "rc": rc,
+            "start": "2026-12-04 10:00:00.000001", "end": "2026-12-04 10:00:00.080001", "delta": "0:00:00.080000",
+            "msg": "" if rc == 0 else "non-zero return code", "stdout": stdout, "stdout_lines": stdout.splitlines(),
+            "stderr": stderr, "stderr_lines": stderr.splitlines(), "failed": False}
+
+
+def journal_read(units: dict[str, list[str]]) -> dict:
+    return registered(json.dumps({"units": [{"unit": unit, "lines": lines, "error": None}
+                                            for unit, lines in units.items()]}))
+
+
 def document(journals: dict[str, Path], **fields: object) -> dict:
     return {"host": "b70-app-1", "health_timeout_s": 900, "failed_task": "Wait for /health",
             "failed_result": {"msg": DIED, "failed": True, "changed": False},
-            "journal": {"units": [{"unit": unit, "lines": path.read_text().splitlines()}
-                                  for unit, path in journals.items()]},
+            "journal": journal_read({unit: path.read_text().splitlines() for unit, path in journals.items()}),
             **fields}
 
 
@@ -78,10 +91,34 @@ def test_a_failed_loop_is_named_by_its_first_failed_item_and_an_empty_journal_by
         "failed_result": {"msg": "One or more items failed", "failed": True, "results": [
             {"item": {"unit": "b70-vllm"}, "failed": False, "status": 200},
             {"item": {"unit": "b70-vllm-baseline"}, "failed": True, "msg": refused}]},
-        "journal": {"units": [{"unit": "b70-vllm", "lines": []}]}}))
+        "journal": journal_read({"b70-vllm": []})}))
     assert f"Check /v1/models serves the recipe's model failed ({refused}; health timeout 60 s)" in found.message
     assert "Diagnosis: no known failure matched (b70ctl diagnose)." in found.message
     assert not found.found_failure
+
+
+def test_journals_that_could_not_be_read_are_said_so_and_the_start_still_gets_its_message() -> None:
+    """The host's read of the journals failed (here: the host package missing, as on a host whose package was
+    removed), or journalctl refused one unit: the message names that, where the log lines would be."""
+    missing = "/usr/bin/python3: No module named b70host.journal"
+    unread = diagnose_start(FailedStart.model_validate({**document({}), "journal": registered("", 1, missing)}))
+    assert (f"The units' journals could not be read on the host (b70host.journal exited 1: {missing})."
+            in unread.message)
+    assert "Last log lines" not in unread.message and unread.units == [] and not unread.found_failure
+    printed_else = diagnose_start(FailedStart.model_validate({**document({}), "journal": registered("[]")}))
+    assert ("could not be read on the host (b70host.journal printed no journal document: (top level): Input "
+            "should be an object).") in printed_else.message
+    refused = diagnose_start(FailedStart.model_validate({**document({}), "journal": registered(json.dumps(
+        {"units": [{"unit": "b70-vllm", "lines": [], "error": "No journal files were found."}]}))}))
+    assert "Last log lines: [b70-vllm] (journalctl: No journal files were found.)" in refused.message
+    # No interpreter on the host: Ansible's module failure, as it registered it for a pyenv shim without its Python.
+    no_python = {"changed": False, "failed": False, "failed_when_result": False, "rc": 127, "module_stdout": "",
+                 "msg": "Module result deserialization failed: No start of json char found",
+                 "module_stderr": "pyenv: python3.13: command not found\n\nThe `python3.13' command exists in these "
+                                  "Python versions:\n  3.13.0\n\nNote: See 'pyenv help global' for tips on allowing "
+                                  "multiple\n      Python versions to be found at the same time.\n"}
+    gone = diagnose_start(FailedStart.model_validate({**document({}), "journal": no_python}))
+    assert "(b70host.journal exited 127: pyenv: python3.13: command not found)." in gone.message
 
 
 def test_the_role_hands_over_exactly_a_failed_start_and_says_the_rollback_with_the_flag() -> None:
@@ -152,7 +189,8 @@ def test_the_hosts_journal_document_is_what_the_command_reads(tmp_path: Path) ->
     units = json.loads(journal.stdout)["units"]
     assert [(unit["unit"], len(unit["lines"])) for unit in units] == [
         ("b70-vllm", len(KV_CACHE_LOG.read_text().splitlines())), ("b70-vllm-baseline", 0)]
-    start = {"host": "h", "health_timeout_s": 900, "journal": json.loads(journal.stdout)}
+    assert [unit["error"] for unit in units] == [None, "No journal files were found."]
+    start = {"host": "h", "health_timeout_s": 900, "journal": registered(journal.stdout)}
     found = json.loads(run("--start", "-", "--json", stdin=json.dumps(start)).stdout)
     assert [[match["id"] for match in unit["failures"]] for unit in found["units"]] == [
         ["kv-cache-larger-than-host-memory"], []]

@@ -52,9 +52,10 @@ def test_the_role_s_signal_is_the_catalogue_entry_whose_fix_is_no_p2p() -> None:
     diagnose = yaml.safe_load((REPO / "roles/vllm_serve/tasks/diagnose.yml").read_text())
     call = next(task for task in diagnose if task["name"] == "Name known failures in the units' journals")
     assert call["ansible.builtin.command"]["argv"][1:] == ["diagnose", "--start", "-", "--json"]
-    # The role's own call, with the journal as b70host.journal hands it on (exit 1: found).
+    # The role's own call, with the journal read as Ansible registered it (exit 1: found).
     start = {"host": "b70-a", "health_timeout_s": 900, "failed_task": "Wait for /health",
-             "journal": {"units": [{"unit": "b70-vllm", "lines": POSTED.read_text().splitlines()}]}}
+             "journal": {"rc": 0, "stdout": json.dumps(
+                 {"units": [{"unit": "b70-vllm", "lines": POSTED.read_text().splitlines()}]})}}
     diagnosed = subprocess.run([str(B70CTL), "diagnose", "--start", "-", "--json"], input=json.dumps(start),
                                capture_output=True, text=True)
     assert diagnosed.returncode == 1, diagnosed.stderr
