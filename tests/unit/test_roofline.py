@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy
@@ -27,6 +28,7 @@ from b70ctl.report.roofline import B70_BANDWIDTH_BYTES_PER_S, compute_roofline
 from b70ctl.verify import record_roofline_inputs, verify
 from b70host.roofline_inputs import collect, copy_bandwidth, target_shape
 from fleet_factory import environment_for, make_report, shipped_recipe
+from host_package import host_module
 from test_verify import SHORT_RATE, request_for, scripted_recipe, servers  # noqa: F401 (servers: a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,6 +73,22 @@ def test_what_cannot_be_read_is_said_never_guessed(tmp_path):
     assert "model store's record" in found["target_shape_unavailable"]
     (tmp_path / "models.json").write_text(json.dumps({"target": {"path": str(tmp_path)}}))
     assert "no *.safetensors" in collect(None, False, str(tmp_path / "models.json"))["target_shape_unavailable"]
+
+
+def test_the_probe_as_the_role_runs_it_names_an_input_it_tripped_on_and_exits_0(tiny_model):
+    """A config no transformers model would load (no attention heads, no head_dim) makes the shape a division by
+    zero: the probe, run as the replication_check role runs it on a host, still prints its document, saying so
+    beside what it could measure, and the report stage goes on (the role copies stdout as it is; verify reads it)."""
+    config = json.loads((tiny_model / "config.json").read_text())
+    config.pop("head_dim", None)
+    (tiny_model / "config.json").write_text(json.dumps({**config, "num_attention_heads": 0}))
+    probe = subprocess.run(host_module("roofline_inputs", "--model-dir", str(tiny_model), "--copy-benchmark"),
+                           capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    found = RooflineInputs.model_validate_json(probe.stdout)
+    assert (found.target_shape, found.target_shape_unavailable) == (
+        None, f"{tiny_model}: ZeroDivisionError: integer division or modulo by zero")
+    assert found.memory_bandwidth is not None and found.memory_bandwidth_unavailable is None  # measured all the same
 
 
 def test_copy_benchmark_counts_bytes_read_and_written():
