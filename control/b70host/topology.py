@@ -625,8 +625,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--tensor-parallel-size", type=int, default=None)
     parser.add_argument("--probe", default="auto", choices=("auto", "never"))
     parser.add_argument("--write", action="store_true", help="write <root>%s" % TOPOLOGY_PATH)
-    parser.add_argument("--pci-id", action="append", default=[], dest="pci_ids", metavar="VENDOR:DEVICE",
-                        help="only GPUs of this PCI id join the group (the recipe's host.gpu_pci_ids; repeat)")
+    # extend, zero or more: the role passes the recipe's list after one --pci-id, which may be empty (any GPU).
+    parser.add_argument("--pci-id", action="extend", nargs="*", default=[], dest="pci_ids", metavar="VENDOR:DEVICE",
+                        help="only GPUs of these PCI ids join the group (the recipe's host.gpu_pci_ids)")
     parser.add_argument("--fallback-record", default=None, metavar="PATH",
                         help="the serve gate's record of a p2p start that died (%s): no-p2p while it names the "
                              "group" % FALLBACK_PATH)

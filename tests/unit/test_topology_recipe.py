@@ -72,6 +72,15 @@ def test_the_hosts_script_takes_the_recipes_ids(tmp_path: Path) -> None:
     from_script = json.loads(script.stdout)
     from_cli = cli_topology("--root", root, "--recipe", "pr620-fp8-tp2")
     assert from_script == from_cli
+    # As the role passes them: the recipe's list after one --pci-id, the option after it; an empty list is any GPU.
+    def group(*ids: str) -> list[int]:
+        run = subprocess.run(host_module("topology", "--root", root, "--probe", "never", "--pci-id", *ids,
+                                         "--tensor-parallel-size", "2"), capture_output=True, text=True, check=True)
+        return json.loads(run.stdout)["group"]
+    assert group(B70_ID) == from_script["group"] == [1, 2]
+    three = subprocess.run(host_module("topology", "--root", root, "--probe", "never", "--pci-id",
+                                       "--tensor-parallel-size", "3"), capture_output=True, text=True, check=True)
+    assert json.loads(three.stdout)["group"] == [0, 1, 2]
     bad = subprocess.run(host_module("topology", "--root", root, "--pci-id", "e223"), capture_output=True,
                          text=True, cwd=tmp_path)
     assert bad.returncode == 2
@@ -81,7 +90,7 @@ def test_the_hosts_script_takes_the_recipes_ids(tmp_path: Path) -> None:
 def test_the_role_passes_the_recipes_ids() -> None:
     tasks = (REPO / "roles" / "gpu_topology" / "tasks" / "main.yml").read_text()
     defaults = (REPO / "roles" / "gpu_topology" / "defaults" / "main.yml").read_text()
-    assert "gpu_topology_pci_ids | map('regex_replace', '^', '--pci-id=')" in tasks
+    assert "+ ['--pci-id'] + gpu_topology_pci_ids" in tasks
     assert "b70_recipe_spec.host.gpu_pci_ids" in defaults
 
 
