@@ -20,7 +20,7 @@ from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, env_problem, site_env_problem
 from b70ctl.serve.render import (DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext,
                                  render_container)
-from b70ctl.models.record import parse_models_record
+from b70ctl.models.record import ModelsRecord, parse_models_record
 from b70ctl.serve.unit import (CONTAINER_MODELS_DIR, SERVICE_USER, SYSTEMD_DIR, HostServer, HostUnits,
                                ServingContainer, serve_unit, unit_file_text)
 
@@ -88,16 +88,15 @@ def _with_site_env(recipe: Recipe, env: dict[str, str]) -> Recipe:
 
 
 def _container(unit: str, image: str | None, env_file: str | None, api_key_env_file: str | None,
-               models_record: str | None, context: ServeContext, site_env: dict[str, str]) -> ServingContainer:
-    """The unit's container; extra_env is the site's alone: a tune renders each candidate from the recipe again,
-    so the served configuration's tuned settings must not carry into it."""
+               record: ModelsRecord | None, context: ServeContext, site_env: dict[str, str]) -> ServingContainer:
+    """The unit's container (record: --models-record, parsed); extra_env is the site's alone: a tune renders each
+    candidate from the recipe again, so the served configuration's tuned settings must not carry into it."""
     missing = [flag for flag, value in (("--image", image), ("--env-file", env_file),
-                                        ("--models-record", models_record)) if not value]
+                                        ("--models-record", record)) if not value]
     if missing:
         raise BadInput(f"--unit {unit} needs {', '.join(missing)}: the unit's ExecStart runs that image with that "
                        "environment file and mounts that model store")
-    assert image is not None and env_file is not None and models_record is not None
-    record = parse_models_record(models_record, "--models-record")
+    assert image is not None and env_file is not None and record is not None
     try:
         return ServingContainer(unit=unit, image=image, env_file=env_file, api_key_env_file=api_key_env_file,
                                 models_dir=record.store_dir(), models_label=record.label(), model_dir=context.model_dir,
@@ -177,8 +176,8 @@ def render(
     command, context = _render_server(loaded, document, tuned, site_env, model_dir, drafter_dir, port, baseline,
                                       compile_cache_dir, neo_cache_max_bytes)
     if unit is not None:
-        served = serve_unit(command, _container(unit, image, env_file, api_key_env_file, models_record, context,
-                                                 site_env))
+        record = parse_models_record(models_record, "--models-record") if models_record else None
+        served = serve_unit(command, _container(unit, image, env_file, api_key_env_file, record, context, site_env))
         if as_json:
             sys.stdout.write(served.model_dump_json(indent=2) + "\n")
         else:
@@ -257,8 +256,8 @@ def units(
     site_env = _env_pairs(env or []) | _json_env(env_json)
     loaded = _with_site_env(load_recipe(recipe), site_env)
     document = _topology(topology) if topology is not None else None
-    recorded_target, recorded_drafter = parse_models_record(models_record, "--models-record").in_container(
-        CONTAINER_MODELS_DIR)
+    record = parse_models_record(models_record, "--models-record")
+    recorded_target, recorded_drafter = record.in_container(CONTAINER_MODELS_DIR)
     served_target, served_drafter = model_dir or recorded_target, drafter_dir or recorded_drafter
     if served_drafter is None and loaded.drafter is not None:
         raise BadInput(f"--models-record holds no drafter, and recipe {loaded.name} has one: install the recipe's "
@@ -270,8 +269,7 @@ def units(
         command, context = _render_server(loaded, document, tuned, site_env, served_target, served_drafter,
                                           server_port, baseline, compile_cache_dir, neo_cache_max_bytes)
         env_path = f"{config_dir}/{name}.env"
-        served = serve_unit(command, _container(name, image, env_path, api_key_env_file, models_record, context,
-                                                site_env))
+        served = serve_unit(command, _container(name, image, env_path, api_key_env_file, record, context, site_env))
         servers.append(HostServer(
             unit=name, port=server_port, baseline=baseline, unit_path=f"{systemd_dir}/{name}.service",
             unit_file=unit_file_text(loaded.name, name, server_port, baseline, user, served.exec_start),
