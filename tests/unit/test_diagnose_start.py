@@ -119,6 +119,9 @@ def test_journals_that_could_not_be_read_are_said_so_and_the_start_still_gets_it
                                   "multiple\n      Python versions to be found at the same time.\n"}
     gone = diagnose_start(FailedStart.model_validate({**document({}), "journal": no_python}))
     assert "(b70host.journal exited 127: pyenv: python3.13: command not found)." in gone.message
+    skipped = diagnose_start(FailedStart.model_validate({**document({}), "journal": {
+        "changed": False, "skipped": True, "skip_reason": "Conditional result was False"}}))
+    assert "could not be read on the host (b70host.journal did not run (no exit status))." in skipped.message
 
 
 def test_the_role_hands_over_exactly_a_failed_start_and_says_the_rollback_with_the_flag() -> None:

@@ -58,6 +58,8 @@ class JournalRead(Read):
     def journal(self) -> Journal | str:
         """The journals, or why there are none: the run's exit and last line of error, or what was wrong with what
         it printed."""
+        if self.rc is None:  # skipped, or a result without an exit status
+            return f"b70host.journal did not run ({shorten(self.msg.strip() or 'no exit status', REASON_CHARS)})"
         if self.rc != 0:
             # A Python error's last line is the exception; a shell's first line is what it could not run.
             said = (self.stderr.strip().splitlines()[-1:] or self.module_stderr.strip().splitlines()[:1]
