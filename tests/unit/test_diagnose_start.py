@@ -9,6 +9,7 @@ through the role on a systemd host."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from b70ctl.diagnose.start import FailedStart, diagnose_start
-from host_package import host_module
+from host_package import host_module, host_python
 
 B70CTL = str(Path(sys.executable).with_name("b70ctl"))
 REPO = Path(__file__).resolve().parents[2]
@@ -31,8 +32,9 @@ DIED = ("b70-vllm died while starting (1 time(s); systemd: activating/auto-resta
 
 
 def registered(stdout: str, rc: int = 0, stderr: str = "") -> dict:
-    """A command task's result as Ansible registers it (ansible.builtin.command's keys): the role passes its journal
-    read on whole."""
+    """A command task's result as Ansible registers it (the keys ansible.builtin.command's RETURN documents, in
+    ansible-core 2.19's modules/command.py): the role passes its journal read on whole. The role's own tasks hand
+    over what Ansible really registers in test_the_roles_own_diagnose_tasks_through_ansible below."""
     return {"changed": False, "cmd": ["/usr/bin/python3", "-P", "-B", "-m", "b70host.journal"], "rc": rc,
             "start": "2026-12-04 10:00:00.000001", "end": "2026-12-04 10:00:00.080001", "delta": "0:00:00.080000",
             "msg": "" if rc == 0 else "non-zero return code", "stdout": stdout, "stdout_lines": stdout.splitlines(),
@@ -200,3 +202,41 @@ def test_the_hosts_journal_document_is_what_the_command_reads(tmp_path: Path) ->
     bad = subprocess.run(host_module("journal"), input="[{\"unit\": \"b70 vllm\"}]", capture_output=True, text=True,
                          env=env, timeout=60)
     assert bad.returncode == 2 and "give {\"unit\": NAME, \"port\": 1-65535}" in bad.stderr
+
+
+def test_the_roles_own_diagnose_tasks_through_ansible(tmp_path: Path) -> None:
+    """roles/vllm_serve/tasks/diagnose.yml as the play includes it, run by ansible-playbook on a local connection:
+    the journal read is registered by Ansible itself and passed on whole. Once with journalctl answering from the
+    captured log, once with a host Python that does not exist (the command module's own failure)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "journalctl").write_text(f"#!/bin/sh\nexec cat {KV_CACHE_LOG}\n")
+    (bin_dir / "journalctl").chmod(0o755)
+    results = tmp_path / "results"
+    results.mkdir()
+    run_as = {"read": host_python(), "unreadable": ["/nonexistent/python3", "-m"]}
+    playbook = tmp_path / "diagnose.yml"
+    playbook.write_text(json.dumps([{
+        "hosts": "localhost", "connection": "local", "gather_facts": False,
+        "vars": {"b70_ctl": B70CTL, "vllm_serve_health_timeout": 900,
+                 "vllm_serve_servers": [{"unit": "b70-vllm", "port": 8000, "baseline": False}]},
+        "tasks": [task for case, python in run_as.items() for task in (
+            {"ansible.builtin.include_tasks": str(REPO / "roles/vllm_serve/tasks/diagnose.yml"),
+             "vars": {"b70_host_python": python}},
+            {"ansible.builtin.copy": {"content": "{{ vllm_serve_diagnosis.stdout }}",
+                                      "dest": str(results / f"{case}.json")}})]}]))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"), "ANSIBLE_REMOTE_TMP": str(tmp_path / "remote")}
+    run = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,",
+                          str(playbook)], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    read = json.loads((results / "read.json").read_text())
+    assert [[match["id"] for match in unit["failures"]] for unit in read["units"]] == [
+        ["kv-cache-larger-than-host-memory"]]
+    assert "Last log lines: [b70-vllm] " in read["message"] and "(100000.0 GiB)" in read["message"]
+    unreadable = json.loads((results / "unreadable.json").read_text())
+    assert unreadable["units"] == []
+    # ansible-core 2.19 registers a command it could not execute as rc 2, msg "Error executing command.", the
+    # errno in a traceback it does not show: that is all there is to say.
+    assert ("The units' journals could not be read on the host (b70host.journal exited 2: Error executing "
+            "command.).") in unreadable["message"]
