@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -212,6 +213,9 @@ def test_cli_fit_measures_the_store_it_is_given_and_says_when_it_did_not(tmp_pat
     assert "- Disk: not measured (give --free-space-of the model store, or facts read with it)" in unmeasured.stdout
     facts = CliRunner().invoke(app, ["host", "facts", "--root", tree, "--free-space-of", str(store), "--json"])
     assert json.loads(facts.stdout)["free_space"]["measured_at"] == str(tmp_path)
+    said = CliRunner().invoke(app, ["host", "facts", "--root", tree, "--free-space-of", str(store)]).stdout
+    assert re.search(rf"model store {re.escape(str(store))}: \d+\.\d GiB free on the filesystem of "
+                     rf"{re.escape(str(tmp_path))}\n", said), said
 
 
 def test_cli_fit_refuses_to_measure_here_for_facts_read_elsewhere(tmp_path: Path) -> None:

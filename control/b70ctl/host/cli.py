@@ -78,13 +78,13 @@ def facts_command(root: RootOption = "/", free_space_of: FreeSpaceOption = None,
     if as_json:
         _print_json(facts)
         return
-    out = Console()
+    out = Console(soft_wrap=True)  # the summary lines whole, in a terminal or a pipe
     out.print(f"kernel {facts['kernel_release'] or '?'}, RAM {facts['ram_total_gib'] or '?'} GiB, "
               f"{facts['gpu_count']} Intel discrete GPU(s), {facts['gpu_count_xe_bound']} bound to xe")
     if "free_space" in facts:
         space = facts["free_space"]
         out.print(f"model store {space['path']}: " + (
-            f"{_gib(space['free_bytes'])} free on the filesystem of {space['measured_at']}"
+            f"{space['free_bytes'] / 1024 ** 3:.1f} GiB free on the filesystem of {space['measured_at']}"
             if space["free_bytes"] is not None else "not measured (give an absolute path)"), highlight=False)
     table = Table("#", "PCI", "id", "model", "driver", "nodes", "slot link", "VRAM BAR", "VRAM", "NUMA", "GuC")
     for gpu in facts["gpus"]:
