@@ -15,6 +15,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,8 @@ from b70ctl.serve.local import free_port
 from b70ctl.serve.render import render_container
 from b70ctl.tune.run import run_tune
 from b70ctl.serve.unit import ServingContainer
-from b70ctl.tune.unit import ApplianceHost, HostCommandFailed, LocalShell, SshShell, SystemdUnitServing
+from b70ctl.tune.unit import (ApplianceHost, HostCommandFailed, LocalShell, SshShell, SystemdUnitServing,
+                             host_shell)
 from b70ctl.verify import Terminated, _sigterm_ends_the_run
 from scripted_server import ScriptedServer
 from test_hostile_inputs import HOSTILE_UNIT_VALUES, _render_unit, _systemd_split
@@ -292,28 +294,72 @@ def test_ssh_carries_each_argument_whole_and_sudo_for_another_user():
     assert root[-1] == "true"
 
 
-def test_the_playbooks_host_document_is_what_b70ctl_tune_reads():
-    """roles/vllm_serve/tasks/tune.yml's stdin, rendered with an inventory's connection settings, validates as the
-    --host document (a key it misses or adds would fail the tune on every host)."""
+def _tune_stdin(target: dict[str, object]) -> ApplianceHost:
+    """roles/vllm_serve/tasks/tune.yml's stdin, rendered for a host whose hostvars hold `target`."""
     import jinja2
     import yaml
 
     task = yaml.safe_load((REPO / "roles/vllm_serve/tasks/tune.yml").read_text())[0]
+    assert task["vars"]["vllm_serve_tune_target"] == "{{ hostvars[inventory_hostname] }}"
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
     environment.filters.update(to_json=json.dumps, bool=bool)
     # delegated to localhost, the task's own ansible_connection is the controller's: the host's are in hostvars
-    target = {"ansible_host": "10.0.0.5", "ansible_user": "ops", "ansible_ssh_private_key_file": "/keys/id",
-              "ansible_ssh_common_args": "-o A=b"}
     variables = {"inventory_hostname": "b70-1", "ansible_connection": "local", "vllm_serve_tune_target": target,
                  "vllm_serve_unit": UNIT, "vllm_serve_port": 8000, "vllm_serve_config_dir": CONFIG_DIR,
                  "b70_etc_dir": "/etc/b70", "vllm_serve_baseline": True, "vllm_serve_baseline_unit": BASELINE_UNIT,
                  "vllm_serve_api_key": "", "vllm_serve_health_timeout": 900}
-    assert task["vars"]["vllm_serve_tune_target"] == "{{ hostvars[inventory_hostname] }}"
     rendered = environment.from_string(task["ansible.builtin.command"]["stdin"]).render(**variables)
-    host = ApplianceHost.model_validate_json(rendered)
-    assert (host.address, host.ssh_port, host.ssh_user, host.connection) == ("10.0.0.5", 22, "ops", "ssh")
+    return ApplianceHost.model_validate_json(rendered)
+
+
+def test_the_playbooks_host_document_is_what_b70ctl_tune_reads():
+    """The stdin, rendered with an inventory's connection settings, validates as the --host document (a key it
+    misses or adds would fail the tune on every host), and reaches the host as Ansible's ssh would: the port as
+    the inventory wrote it (a string), the common arguments, then the extra ones."""
+    host = _tune_stdin({"ansible_host": "10.0.0.5", "ansible_port": "2222", "ansible_user": "ops",
+                        "ansible_ssh_private_key_file": "/keys/id", "ansible_ssh_common_args": "-o A=b",
+                        "ansible_ssh_extra_args": "-o 'C=d e'"})
+    assert (host.address, host.ssh_port, host.ssh_user, host.connection) == ("10.0.0.5", 2222, "ops", "ssh")
     assert host.baseline_unit == BASELINE_UNIT and host.api_key is None and host.health_timeout_s == 900
-    assert shlex.split(host.ssh_common_args) == ["-o", "A=b"]
+    argv = SshShell(host).ssh_argv(["true"])
+    assert argv[:11] == ["ssh", "-o", "BatchMode=yes", "-p", "2222", "-i", "/keys/id", "-o", "A=b", "-o", "C=d e"]
+    assert argv[-2] == "ops@10.0.0.5"
+
+
+def test_a_host_with_no_connection_settings_is_reached_by_its_inventory_name_as_ssh_would():
+    host = _tune_stdin({})
+    assert (host.address, host.ssh_port, host.ssh_user, host.ssh_private_key, host.connection) == (
+        "b70-1", 22, None, None, "ssh")
+    assert SshShell(host).ssh_argv(["true"]) == ["ssh", "-o", "BatchMode=yes", "-p", "22", "--", "b70-1", "true"]
+
+
+@pytest.mark.parametrize(("plugin", "connection"), [
+    ("local", "local"), ("ansible.builtin.local", "local"), ("ssh", "ssh"), ("ansible.builtin.ssh", "ssh"),
+    ("paramiko", "ssh"),
+])
+def test_the_inventorys_connection_plugin_decides_local_or_ssh(plugin, connection):
+    host = _tune_stdin({"ansible_connection": plugin})
+    assert host.connection == connection
+    assert isinstance(host_shell(host), LocalShell if connection == "local" else SshShell)
+
+
+def test_a_hand_written_host_document_in_the_fields_own_names_still_reads():
+    """`--host FILE` documents written before the playbook passed Ansible's names keep working."""
+    host = ApplianceHost.model_validate({"name": "b70-1", "connection": "local", "address": "127.0.0.1",
+                                         "ssh_port": 2200, "ssh_common_args": "-o A=b"})
+    assert (host.connection, host.address, host.ssh_port, host.ssh_common_args) == ("local", "127.0.0.1", 2200,
+                                                                                     "-o A=b")
+
+
+def test_a_setting_given_under_both_names_is_refused_in_one_line(tmp_path):
+    document = tmp_path / "host.json"
+    document.write_text(json.dumps({"name": "b70-1", "address": "10.0.0.5", "ansible_host": "10.0.0.6"}))
+    result = subprocess.run([sys.executable, "-c", "from b70ctl.cli import main; main()", "tune", "--out",
+                             str(tmp_path / "out"), "--host", str(document)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "ansible_host and address both given: pass one of them" in result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_candidate_systemd_refuses_to_start_is_disqualified_not_a_crash(host_factory):

@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol
 
 import httpx
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from b70ctl.checks.client import Endpoint
 from b70ctl.documents import Document
@@ -83,18 +83,35 @@ class LocalShell:
         return _completed(argv, completed)
 
 
+# Ansible's connection variables, by the name the inventory sets them under, and the field each fills. The
+# playbook passes them as Ansible has them (null when unset), so what a value means is decided here, once.
+ANSIBLE_CONNECTION_VARIABLES = {
+    "ansible_connection": "connection",
+    "ansible_host": "address",
+    "ansible_port": "ssh_port",
+    "ansible_user": "ssh_user",
+    "ansible_ssh_private_key_file": "ssh_private_key",
+    "ansible_ssh_common_args": "ssh_common_args",
+    "ansible_ssh_extra_args": "ssh_extra_args",
+}
+# The connection plugins that run commands on the controller itself; every other one is reached over ssh.
+LOCAL_CONNECTIONS = frozenset({"local", "ansible.builtin.local", "ansible.legacy.local"})
+
+
 class ApplianceHost(Document):
     """The host a tune owns the unit of, as playbooks/tune.yml hands it over (stdin of `b70ctl tune --host -`):
-    how to reach it (Ansible's connection settings) and the vllm_serve role's settings of its unit."""
+    how to reach it (Ansible's connection settings, under these names or Ansible's own) and the vllm_serve role's
+    settings of its unit."""
 
     name: str = Field(description="inventory_hostname")
     connection: Literal["ssh", "local"] = Field("ssh", description="ansible_connection: local when the controller "
                                                                     "is the host")
-    address: str = Field(description="ansible_host: where SSH and the served port are reached")
+    address: str = Field(description="ansible_host (else the name): where SSH and the served port are reached")
     ssh_port: int = Field(22, ge=1, le=65535)
     ssh_user: str | None = Field(None, description="ansible_user; None: ssh's own default")
     ssh_private_key: str | None = Field(None, description="ansible_ssh_private_key_file")
     ssh_common_args: str = Field("", description="ansible_ssh_common_args, split like a shell line")
+    ssh_extra_args: str = Field("", description="ansible_ssh_extra_args, after the common ones, as Ansible does")
     become: bool = Field(True, description="Run the host's commands through sudo -n when the user is not root")
     unit: str = Field("b70-vllm", pattern=r"^[A-Za-z0-9:_.@-]+$", description="vllm_serve_unit")
     port: int = Field(8000, ge=1, le=65535, description="vllm_serve_port")
@@ -104,6 +121,27 @@ class ApplianceHost(Document):
                                       description="The baseline server's unit, stopped while the tune measures")
     api_key: str | None = Field(None, repr=False, description="vllm_serve_api_key (secret)")
     health_timeout_s: float = Field(900.0, gt=0, description="vllm_serve_health_timeout")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ansible_connection_variables(cls, data: Any) -> Any:
+        """Ansible's variables fill the fields they name; null is "not set in the inventory" (the field's default,
+        the address the inventory name); any connection plugin but local is reached over ssh."""
+        if not isinstance(data, dict):
+            return data
+        fields = {key: value for key, value in data.items() if key not in ANSIBLE_CONNECTION_VARIABLES}
+        for variable, field in ANSIBLE_CONNECTION_VARIABLES.items():
+            if data.get(variable) is None:
+                continue
+            if field in fields:
+                raise ValueError(f"{variable} and {field} both given: pass one of them")
+            value = data[variable]
+            if field == "connection":
+                value = "local" if value in LOCAL_CONNECTIONS else "ssh"
+            fields[field] = value
+        if "address" not in fields and "name" in fields:
+            fields["address"] = fields["name"]
+        return fields
 
 
 def host_shell(host: ApplianceHost) -> HostShell:
@@ -121,7 +159,7 @@ class SshShell:
         options = ["-o", "BatchMode=yes", "-p", str(host.ssh_port)]
         if host.ssh_private_key:
             options += ["-i", host.ssh_private_key]
-        options += shlex.split(host.ssh_common_args)
+        options += shlex.split(host.ssh_common_args) + shlex.split(host.ssh_extra_args)
         destination = f"{host.ssh_user}@{host.address}" if host.ssh_user else host.address
         if host.become and host.ssh_user not in (None, "root"):
             argv = ["sudo", "-n", "--", *argv]
