@@ -273,6 +273,26 @@ def test_adaptive_block_reads_pr620s_variables(patched):
 # --- the ported DSparkDraftModel, hosted by the installed vLLM 0.32.0 ----------------------------------------------
 
 
+def test_the_vllm_runtime_loads_in_a_worker_that_imported_ansible_first():
+    """Under pytest -n 2 a worker may run a role plugin's test before these: Ansible's module_utils then patch
+    sys.intern, and importing vLLM (torch's dynamo) failed with "substitute_in_graph expects a function". Run in a
+    process of its own, so the order is this one whatever the scheduling."""
+    import os
+    import subprocess
+
+    program = ("import sys, ansible.module_utils.basic\n"
+               "assert type(sys.intern).__name__ == 'SysInternPatch', sys.intern  # what Ansible does here\n"
+               "patched = sys.intern\n"
+               "from dspark_port import ensure_vllm_runtime\n"
+               "ensure_vllm_runtime()\n"
+               "from vllm.distributed import parallel_state\n"
+               "assert parallel_state.model_parallel_is_initialized() and sys.intern is patched\n")
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def ported_model_class(patched, pristine):
     ensure_vllm_runtime()
