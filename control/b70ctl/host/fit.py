@@ -15,9 +15,9 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
+from pydantic import Field, SerializeAsAny
 
-from b70ctl.documents import Document
+from b70ctl.documents import Document, Pinned
 from b70ctl.host.firmware import firmware_fit
 from b70ctl.host.kernel import KernelPlan, kernel_at_least, kernel_plan
 from b70ctl.host.model import FactsDocument
@@ -27,9 +27,7 @@ from b70ctl.host.memory import (GIB, KV_CACHE_GIB_MIN, CardFit, Fit, GpuCountFit
 from b70ctl.recipes.model import Recipe, site_env_problem
 from b70ctl.serve.unit import MODEL_STORE_DIR, SERVICE_USER
 
-class HostFit(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class HostFit(Pinned):
     recipe: str
     fits: bool
     reasons: list[str] = Field(description="Each verdict that failed, with its fix")

@@ -19,17 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
+from b70ctl.documents import Pinned
 from b70ctl.host.firmware import GUC_BROKEN
 from b70ctl.host.releases import Release, ReleaseMatrix, load_matrix
 from b70ctl.recipes.model import Recipe
 from b70ctl.versions import version_at_least
 
 
-class KernelPlan(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class KernelPlan(Pinned):
     needed: bool
     reason: str
     packages: list[str]

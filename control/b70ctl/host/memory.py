@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
+from b70ctl.documents import Pinned
 from b70ctl.recipes.model import Recipe
 from b70ctl.versions import version_at_least
 
@@ -41,9 +40,7 @@ RESERVED_FRACTION_MAX = 0.05
 PEER_MIRROR_FROM = "26.09"
 
 
-class Fit(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class Fit(Pinned):
     fits: bool
     reason: str
 

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from b70ctl.documents import Pinned
 
 GENERATOR_VERSION = 1
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -36,10 +36,8 @@ CHAT_TEMPLATE = (
 )
 
 
-class TinySpec(BaseModel):
+class TinySpec(Pinned):
     """What to generate. Part of the cpu-tiny recipe; changing any field changes the models."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     seed: int = 1234
     vocab_size: int = 1024
