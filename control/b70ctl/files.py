@@ -1,8 +1,8 @@
 """Whole files or nothing: every document b70ctl writes goes through here.
 
 The text is written to a temporary file beside the target, flushed to disk, and renamed over the target, so
-a reader (or a run killed mid-write) sees the old file or the new one, never half of one. JSON documents a user
-hands in are read here too, so each way a file can be wrong is worded once.
+a reader (or a run killed mid-write) sees the old file or the new one, never half of one. The JSON and YAML
+documents a user hands in are read here too, so each way a file can be wrong is worded once.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from b70ctl.errors import BadInput
 from b70ctl.redact import redact
@@ -181,6 +183,66 @@ def read_json_object(source: str | Path, where: str, fix: str,
     if not isinstance(data, dict):
         raise BadInput(f"{where}: expected a JSON object, found {type(data).__name__}: {fix}")
     return data
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+
+class DuplicateKey(Exception):
+    pass
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        try:
+            first = seen.setdefault(key, line)
+        except TypeError:
+            continue  # an unhashable key: construct_mapping refuses it with its own error
+        if first != line:
+            raise DuplicateKey(f"key {key!r} on line {line} is given already on line {first}: keep one (YAML "
+                               "would silently keep the last)")
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_yaml_unique(text: str, what: str) -> Any:
+    """YAML as yaml.safe_load reads it, except that a key given twice in one mapping is refused (BadInput naming
+    `what`, the key and both lines)."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except DuplicateKey as error:
+        raise BadInput(f"{what}: {error}") from None
+
+
+def read_yaml_mapping(path: str | Path, where: str, fix: str, limit: int = MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+    """A YAML mapping from the file at `path`, of at most `limit` bytes, read as yaml.safe_load reads it but with a
+    key given twice refused: a file that is missing, a directory, not a regular file, too large, not UTF-8, not YAML
+    or not a mapping is one BadInput line: `where`, the problem, `fix`. The caller validates the mapping."""
+    try:
+        data = load_yaml_unique(read_bounded(path, limit, where, fix).decode("utf-8"), where)
+    except UnicodeDecodeError as error:
+        raise BadInput(f"{where}: not UTF-8 text (byte {error.start}): {fix}") from error
+    except IsADirectoryError as error:
+        raise BadInput(f"{where}: is a directory: {fix}") from error
+    except OSError as error:
+        raise BadInput(f"{where}: {error.strerror}: {fix}") from error
+    except yaml.YAMLError as error:
+        mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+        found = f"line {mark.line + 1}: {problem}" if mark is not None and problem else type(error).__name__
+        raise BadInput(f"{where}: not valid YAML ({found}): {fix}") from error
+    if not isinstance(data, dict):
+        raise BadInput(f"{where}: expected a mapping, found {_yaml_kind(data)}: {fix}")
+    return data
+
+
+def _yaml_kind(data: Any) -> str:
+    return {type(None): "an empty document", list: "a list", str: "a string"}.get(type(data), type(data).__name__)
 
 
 def read_secret_file(path: Path, where: str) -> str:

@@ -218,6 +218,17 @@ def test_a_catalogue_folder_is_one_document_with_ids_unique_across_files(tmp_pat
         load_catalogue_file(folder)
 
 
+def test_a_key_given_twice_in_a_catalogue_file_is_refused_not_overwritten(tmp_path: Path) -> None:
+    """A hand-edited catalogue with a second `schema_version` (or a second `fix:` in an entry) was read keeping the
+    last one silently; catalogue files are read like recipes now."""
+    shipped = catalogue_files(catalogue_path())[0].read_text()
+    path = tmp_path / "platform.yaml"
+    path.write_text(shipped + "schema_version: 2\n")
+    with pytest.raises(BadInput, match=r"catalogue \S+platform\.yaml: key 'schema_version' on line \d+ is given "
+                                       r"already on line \d+: keep one"):
+        load_catalogue_file(path)
+
+
 def test_every_source_of_the_shipped_catalogue_can_be_followed() -> None:
     # docs and capture sources are files of this repository, and a docs section is one of the file's headings.
     catalogue = load_catalogue_file(catalogue_path(), repository=REPO)

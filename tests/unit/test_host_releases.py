@@ -155,7 +155,8 @@ def test_another_matrix_file_stands_in_for_the_appliances_own() -> None:
 
 @pytest.mark.parametrize(("content", "problem"), [
     (None, "No such file or directory"),
-    ("releases: [\n", "is not YAML"),
+    ("releases: [\n", "not valid YAML (line 2: expected the node content"),
+    ("- releases\n", "expected a mapping, found a list"),
     ("schema_version: 1\n", "is invalid"),
     ("schema_version: 1\nschema_version: 1\n", "key 'schema_version' on line 2 is given already on line 1"),
 ])

@@ -186,9 +186,9 @@ def b70ctl(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(("path", "message"), [
-    ("/dev/zero", "recipe file /dev/zero: not a regular file"),
+    ("/dev/zero", "recipe file /dev/zero: a character device, not a regular file"),
     ("fifo", "not a regular file"),
-    ("big.yaml", "larger than a recipe can be"),
+    ("big.yaml", "2 MiB, over the 1 MiB cap: give the path of a recipe YAML file"),
     ("latin1.yaml", "not UTF-8 text"),
 ])
 def test_recipe_files_that_are_not_recipes(tmp_path, path, message):

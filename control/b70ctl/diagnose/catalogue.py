@@ -10,13 +10,12 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from b70ctl.diagnose.model import Catalogue
 from b70ctl.errors import BadInput
+from b70ctl.files import read_yaml_mapping
 
 
 def catalogue_path() -> Path:
@@ -34,24 +33,13 @@ def catalogue_files(path: Path) -> list[Path]:
     return [path]
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise BadInput(f"catalogue {path}: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise BadInput(f"catalogue {path}: not valid YAML ({error.__class__.__name__}): fix the syntax") from error
-    if not isinstance(data, dict):
-        raise BadInput(f"catalogue {path}: not a mapping with schema_version and signatures: fix the file")
-    return data
-
-
 def load_catalogue_file(path: Path, repository: Path | None = None) -> Catalogue:
     """The catalogue at path (a file, or a folder of files), validated; given the repository's root, its docs and
     capture sources must be files of that repository (the shipped package has no repository beside it, so only
     the tests pass one)."""
     files = catalogue_files(path)
-    documents = [(file, _read(file)) for file in files]
+    fix = "give a catalogue file (schema_version, signatures)"
+    documents = [(file, read_yaml_mapping(file, f"catalogue {file}", fix)) for file in files]
     versions = {data.get("schema_version") for _, data in documents}
     merged = {"schema_version": documents[0][1].get("schema_version"),
               "signatures": [entry for _, data in documents for entry in (data.get("signatures") or [])]}

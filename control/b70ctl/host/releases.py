@@ -18,13 +18,11 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from b70ctl.documents import Pinned as _Model
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import MAX_DOCUMENT_BYTES, read_bounded
-from b70ctl.recipes.model import load_yaml_unique
+from b70ctl.files import load_yaml_unique, read_yaml_mapping
 
 DATA_FILE = "releases.yaml"
 
@@ -134,20 +132,14 @@ class ReleaseMatrix(_Model):
 @cache
 def load_matrix(path: str | None = None) -> ReleaseMatrix:
     """The appliance's own matrix, or the file at `path` (the same schema)."""
-    fix = "give a release matrix of the schema of control/b70ctl/host/releases.yaml"
     if path:
         name = path
-        try:
-            text = read_bounded(path, MAX_DOCUMENT_BYTES, name, fix).decode("utf-8", errors="replace")
-        except OSError as error:
-            raise BadInput(f"{name}: {error.strerror}: {fix}") from None
+        data = read_yaml_mapping(path, name, "give a release matrix of the schema of control/b70ctl/host/releases.yaml")
     else:
         name = f"b70ctl/host/{DATA_FILE}"
-        text = resources.files("b70ctl.host").joinpath(DATA_FILE).read_text(encoding="utf-8")
+        data = load_yaml_unique(resources.files("b70ctl.host").joinpath(DATA_FILE).read_text(encoding="utf-8"), name)
     try:
-        return ReleaseMatrix.model_validate(load_yaml_unique(text, name))
-    except yaml.YAMLError as error:
-        raise BadInput(f"{name} is not YAML ({str(error).splitlines()[0]}): {fix}") from None
+        return ReleaseMatrix.model_validate(data)
     except ValidationError as error:
         raise BadInput(f"{name} is invalid ({first_problem(error)}): fix the release matrix") from None
 

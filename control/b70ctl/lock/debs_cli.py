@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import cast
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.console import Console
 
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import MAX_DOCUMENT_BYTES, read_bounded, read_bounded_stdin
+from b70ctl.files import MAX_DOCUMENT_BYTES, read_bounded, read_bounded_stdin, read_yaml_mapping
 from b70ctl.lock.debcache import (
     DEFAULT_LOCK,
     check_host,
@@ -50,10 +49,7 @@ def load_package_set(path: Path | None) -> PackageSet:
         where = "the release matrix (control/b70ctl/host/releases.yaml)"
     else:
         fix = "give a package set: {series: {CODENAME: {codename, indexes: [...], groups: {...}}}}"
-        try:
-            data = yaml.safe_load(read_bounded(path, MAX_DOCUMENT_BYTES, str(path), fix))
-        except yaml.YAMLError as error:
-            raise BadInput(f"{path} is not YAML ({str(error).splitlines()[0]}): {fix}") from None
+        data = read_yaml_mapping(path, str(path), fix)
         where = str(path)
     try:
         return PackageSet.model_validate(data)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import stat
 from importlib import resources
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.recipes.model import Claim, Recipe, Workload, load_yaml_unique
+from b70ctl.files import read_yaml_mapping
+from b70ctl.recipes.model import Claim, Recipe, Workload
 
 __all__ = ["Claim", "Recipe", "Workload", "load_recipe", "load_recipe_file", "recipe_names", "recipe_path"]
 
@@ -38,24 +37,7 @@ RECIPE_REFERENCE = r"[A-Za-z0-9_./+-]+"
 
 
 def load_recipe_file(path: Path) -> Recipe:
-    path = Path(path)
-    try:
-        status = path.stat()
-        if not stat.S_ISREG(status.st_mode):
-            kind = "a directory" if stat.S_ISDIR(status.st_mode) else "not a regular file"
-            raise BadInput(f"recipe file {path}: {kind}: give the path of a recipe YAML file")
-        if status.st_size > MAX_RECIPE_BYTES:
-            raise BadInput(f"recipe file {path}: {status.st_size} bytes, larger than a recipe can be "
-                           f"({MAX_RECIPE_BYTES} bytes): give the path of a recipe YAML file")
-        data = load_yaml_unique(path.read_bytes().decode("utf-8"), f"recipe file {path}")
-    except UnicodeDecodeError as error:
-        raise BadInput(f"recipe file {path}: not UTF-8 text (byte {error.start}): save it as UTF-8") from error
-    except OSError as error:
-        raise BadInput(f"recipe file {path}: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise BadInput(f"recipe file {path}: not valid YAML ({error.__class__.__name__}): fix the syntax") from error
-    if not isinstance(data, dict):
-        raise BadInput(f"recipe file {path}: expected a mapping at the top level")
+    data = read_yaml_mapping(path, f"recipe file {path}", "give the path of a recipe YAML file", MAX_RECIPE_BYTES)
     try:
         return Recipe.model_validate(data)
     except ValidationError as error:

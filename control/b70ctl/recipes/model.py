@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from b70ctl.errors import BadInput, first_problem
+from b70ctl.errors import first_problem
 from b70ctl.models.tiny import TinySpec
 from b70ctl.versions import version_at_least
 
@@ -40,41 +39,6 @@ def site_env_problem(name: str, value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return f"{name}: {value!r} is not a string or a number: quote it"
     return env_problem(name, str(value))
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
-
-
-class DuplicateKey(Exception):
-    pass
-
-
-def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        line = key_node.start_mark.line + 1
-        try:
-            first = seen.setdefault(key, line)
-        except TypeError:
-            continue  # an unhashable key: construct_mapping refuses it with its own error
-        if first != line:
-            raise DuplicateKey(f"key {key!r} on line {line} is given already on line {first}: keep one (YAML "
-                               "would silently keep the last)")
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
-def load_yaml_unique(text: str, what: str) -> Any:
-    """YAML as yaml.safe_load reads it, except that a key given twice in one mapping is refused (BadInput naming
-    `what`, the key and both lines)."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except DuplicateKey as error:
-        raise BadInput(f"{what}: {error}") from None
 
 
 class Strict(BaseModel):
