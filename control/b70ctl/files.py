@@ -160,16 +160,14 @@ def parse_json(text: str | bytes, where: str, fix: str, **options: Any) -> Any:
             from error
 
 
-def read_json_object(source: str | Path, where: str, fix: str,
-                     limit: int = MAX_DOCUMENT_BYTES, missing: str | None = None) -> dict[str, Any]:
-    """A JSON object from a file, or from stdin when source is '-', of at most `limit` bytes. A file that is
-    missing, a directory, not a regular file, too large, not UTF-8, not JSON or not an object is one BadInput
-    line: `where`, the problem, `fix`; `missing`, when given, is the whole line for a file that does not exist
-    (whose fix is usually another command than the other problems')."""
+def read_document_text(source: str | Path, limit: int, where: str, fix: str, missing: str | None = None) -> str:
+    """The text of a document a user hands in: the file at `source`, or stdin when it is '-', of at most `limit`
+    bytes. A file that is missing, a directory, not a regular file, too large or not UTF-8 is one BadInput line:
+    `where`, the problem, `fix`; `missing`, when given, is the whole line for a file that does not exist (whose fix
+    is usually another command than the other problems')."""
     try:
-        text = (read_bounded_stdin(limit, where, fix) if str(source) == "-"
+        return (read_bounded_stdin(limit, where, fix) if str(source) == "-"
                 else read_bounded(source, limit, where, fix).decode("utf-8"))
-        data: Any = parse_json(text, where, fix)
     except FileNotFoundError as error:
         raise BadInput(missing or f"{where}: {error.strerror}: {fix}") from error
     except UnicodeDecodeError as error:
@@ -178,6 +176,15 @@ def read_json_object(source: str | Path, where: str, fix: str,
         raise BadInput(f"{where}: is a directory: {fix}") from error
     except OSError as error:
         raise BadInput(f"{where}: {error.strerror}: {fix}") from error
+
+
+def read_json_object(source: str | Path, where: str, fix: str,
+                     limit: int = MAX_DOCUMENT_BYTES, missing: str | None = None) -> dict[str, Any]:
+    """A JSON object from a file, or from stdin when source is '-' (read_document_text: what is refused, and
+    `missing`); not JSON or not an object is one BadInput line too."""
+    text = read_document_text(source, limit, where, fix, missing)
+    try:
+        data: Any = parse_json(text, where, fix)
     except json.JSONDecodeError as error:
         raise BadInput(f"{where}: not valid JSON (line {error.lineno}): {fix}") from error
     if not isinstance(data, dict):
@@ -221,17 +228,12 @@ def load_yaml_unique(text: str, what: str) -> Any:
 
 
 def read_yaml_mapping(path: str | Path, where: str, fix: str, limit: int = MAX_DOCUMENT_BYTES) -> dict[str, Any]:
-    """A YAML mapping from the file at `path`, of at most `limit` bytes, read as yaml.safe_load reads it but with a
-    key given twice refused: a file that is missing, a directory, not a regular file, too large, not UTF-8, not YAML
-    or not a mapping is one BadInput line: `where`, the problem, `fix`. The caller validates the mapping."""
+    """A YAML mapping from the file at `path` (read_document_text: what is refused), read as yaml.safe_load reads it
+    but with a key given twice refused; not YAML or not a mapping is one BadInput line too. The caller validates
+    the mapping."""
+    text = read_document_text(path, limit, where, fix)
     try:
-        data = load_yaml_unique(read_bounded(path, limit, where, fix).decode("utf-8"), where)
-    except UnicodeDecodeError as error:
-        raise BadInput(f"{where}: not UTF-8 text (byte {error.start}): {fix}") from error
-    except IsADirectoryError as error:
-        raise BadInput(f"{where}: is a directory: {fix}") from error
-    except OSError as error:
-        raise BadInput(f"{where}: {error.strerror}: {fix}") from error
+        data = load_yaml_unique(text, where)
     except yaml.YAMLError as error:
         mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
         found = f"line {mark.line + 1}: {problem}" if mark is not None and problem else type(error).__name__

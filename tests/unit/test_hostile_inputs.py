@@ -401,7 +401,7 @@ def _reference(content: bytes | None, directory: bool = False) -> Callable[[Path
 
 REFERENCE_CASES = [
     Case("reference-not-utf8", _reference(b"\xff\xfe{}"), 2, r"reference file .*: not UTF-8 text"),
-    Case("reference-directory", _reference(None, directory=True), 2, r"reference file .*: Is a directory"),
+    Case("reference-directory", _reference(None, directory=True), 2, r"reference file .*: is a directory: re-record"),
     Case("reference-missing", _reference(None), 2, r"reference file .*: No such file"),
     Case("reference-truncated", _reference(b'{"schema_version": 1, "prompts": ['), 2, r"not valid JSON"),
     Case("reference-a-list", _reference(b"[]"), 2, r"expected a JSON object"),
@@ -1068,13 +1068,15 @@ def _verify_host_facts(content: bytes | None) -> Callable[[Path], Invocation]:
 
 
 def _topology_file(change: Callable[[dict], object] | None = None, raw: bytes | None = None,
-                   directory: bool = False) -> Callable[[Path], Invocation]:
+                   directory: bool = False, missing: bool = False) -> Callable[[Path], Invocation]:
     """serve render of the two-B70 recipe with --topology FILE: the host's topology.json, changed."""
     def build(work: Path) -> Invocation:
         from b70host.topology import analyse
 
         path = work / "topology.json"
-        if directory:
+        if missing:
+            pass
+        elif directory:
             path.mkdir()
         elif raw is not None:
             path.write_bytes(raw)
@@ -1133,6 +1135,8 @@ HOST_FACTS_CASES = [
     Case("topology-file-not-utf8", _topology_file(raw=b'{"profile": "p2p\xff"}'), 2,
          r"topology file \S*topology\.json: not UTF-8"),
     Case("topology-file-directory", _topology_file(directory=True), 2, r"topology file \S*topology\.json: .*directory"),
+    Case("topology-file-missing", _topology_file(missing=True), 2,
+         r"topology file \S*topology\.json: No such file or directory: run `b70ctl host topology --write`"),
     Case("topology-file-size-string", _topology_file(lambda d: {**d, "tensor_parallel_size": "two"}), 2,
          r"topology file \S*topology\.json: tensor_parallel_size: "),
     Case("topology-file-gpus-object", _topology_file(lambda d: {**d, "gpus": {"0": d["gpus"][0]}}), 2,

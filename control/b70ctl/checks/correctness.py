@@ -25,7 +25,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from b70ctl.checks.client import EndpointError, VllmClient
 from b70ctl.documents import Document as _Strict
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, write_json_atomically
+from b70ctl.files import read_json_object, write_json_atomically
 from b70ctl.recipes.model import CorrectnessSettings, Probe, Recipe
 from b70ctl.report.model import CorrectnessResult, GarbageFinding, PromptComparison
 
@@ -128,20 +128,7 @@ def load_reference(path: Path, recipe: Recipe) -> Reference:
     """Read a reference file and refuse (BadInput) one that cannot be compared with `recipe`'s prompts."""
     path = Path(path)
     hint = _rerecord_hint(recipe, path)
-    try:
-        text = read_bounded(path, MAX_DOCUMENT_BYTES, f"reference file {path}", hint).decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise BadInput(f"reference file {path}: not UTF-8 text (byte {error.start}), not a recorded reference: "
-                       f"{hint}") from error
-    except OSError as error:
-        raise BadInput(f"reference file {path}: {error.strerror}: give an existing file or {hint}") from error
-    try:
-        data = parse_json(text, f"reference file {path}", hint)
-    except json.JSONDecodeError as error:
-        raise BadInput(f"reference file {path}: not valid JSON (line {error.lineno} column {error.colno}: "
-                       f"{error.msg}), truncated or edited: {hint}") from error
-    if not isinstance(data, dict):
-        raise BadInput(f"reference file {path}: expected a JSON object at the top level: {hint}")
+    data = read_json_object(path, f"reference file {path}", hint)
     version = data.get("schema_version")
     if version != REFERENCE_SCHEMA_VERSION:
         raise BadInput(f"reference file {path}: field schema_version is {version!r}, this b70ctl reads "

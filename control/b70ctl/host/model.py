@@ -8,7 +8,6 @@ hand-edited, stale or mistyped file is refused with the field and the fix instea
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from b70ctl.documents import Pinned as _Model
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, read_json_object
+from b70ctl.files import read_json_object
 from b70host.topology import CCL_PROFILES, TOPOLOGY_SCHEMA_VERSION, PairTopology
 
 Profile = Literal["p2p", "no-p2p"]
@@ -88,22 +87,10 @@ class TopologyDocument(_Model):
 
 
 def load_topology(path: Path) -> TopologyDocument:
-    fix = "rewrite it with `b70ctl host topology --write`"
-    try:
-        data = parse_json(read_bounded(path, MAX_DOCUMENT_BYTES, f"topology file {path}", fix).decode("utf-8"),
-                          f"topology file {path}", fix)
-    except UnicodeDecodeError as error:
-        raise BadInput(f"topology file {path}: not UTF-8 text (byte {error.start}): rewrite it with `b70ctl host "
-                       f"topology --write`") from error
-    except OSError as error:
-        raise BadInput(f"topology file {path}: {error.strerror}: run `b70ctl host topology --write` (or the "
-                       f"gpu_topology role) on the host first") from error
-    except json.JSONDecodeError as error:
-        raise BadInput(f"topology file {path}: not JSON ({error.msg}): rewrite it with `b70ctl host topology "
-                       f"--write`") from error
-    if not isinstance(data, dict):
-        raise BadInput(f"topology file {path}: expected a JSON object, found {type(data).__name__}: rewrite it with "
-                       f"`b70ctl host topology --write`")
+    where = f"topology file {path}"
+    data = read_json_object(path, where, "rewrite it with `b70ctl host topology --write`",
+                            missing=f"{where}: No such file or directory: run `b70ctl host topology --write` (or the "
+                                    "gpu_topology role) on the host first")
     data.pop("changed", None)
     data.pop("path", None)
     try:
