@@ -329,3 +329,20 @@ def test_fetches_at_once_take_turns_and_each_file_is_downloaded_once(tmp_path: P
     results = [run.communicate(timeout=300) for run in runs]
     assert [run.returncode for run in runs] == [0, 0, 0], results
     assert sum(json.loads(out)["downloaded"] for out, _ in results) == len(PACKAGES)
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    ('{"schema_version": 1, "series": {', "not valid JSON (line 1)"),
+    ("[1]", "expected a JSON object, found list"),
+])
+def test_a_broken_host_package_lock_is_one_line_naming_the_fix(tmp_path, content, problem):
+    """A lock cut short (a full disk, an interrupted checkout) failed `lock check` and `lock fetch` with "failed
+    unexpectedly (JSONDecodeError)" and a traceback file."""
+    lock = tmp_path / "host-packages.lock.json"
+    lock.write_text(content)
+    for args in (["lock", "check", "--host-packages", "--series", SERIES, "--installed", "-"],
+                 ["lock", "fetch", "--series", SERIES, "--cache", str(tmp_path / "cache")]):
+        result = b70ctl(*args, "--packages-lock", str(lock), stdin="")
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == (f"error: {lock}: {problem}: re-run `b70ctl lock resolve --host-packages`, "
+                                         "or restore the file from git")

@@ -108,7 +108,7 @@ def test_fallback_command_prints_the_record_and_the_no_p2p_topology(tmp_path: Pa
 @pytest.mark.parametrize("case, expected", [
     ("no-p2p", "the profile is no-p2p, not p2p: there is nothing to fall back from"),
     ("wrong-signature", "--signature xe-engine-reset-fault: not a catalogue entry whose fix is the no-p2p profile"),
-    ("not-json", "--topology -: not JSON"),
+    ("not-json", "--topology -: not valid JSON (line 1): pipe in /etc/b70/topology.json"),
 ])
 def test_fallback_command_refuses_with_one_line(tmp_path: Path, case: str, expected: str) -> None:
     document = p2p_document(tmp_path)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 
 from b70ctl.documents import Read
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded
+from b70ctl.files import MAX_DOCUMENT_BYTES, read_json_object
 from b70ctl.report.load import MAX_REPORT_BYTES
 from b70ctl.report.model import HOST_FACT_FIELDS, Environment
 
@@ -64,12 +64,9 @@ HostFacts = create_model(
 
 
 def _read_json_object(path: Path, limit: int = MAX_DOCUMENT_BYTES) -> dict[str, Any]:
-    """A host's JSON object, of at most `limit` bytes (a BadInput, caught by each reader below, past that)."""
-    data = parse_json(read_bounded(path, limit, str(path), "collect it again").decode("utf-8"), str(path),
-                      "collect it again")
-    if not isinstance(data, dict):
-        raise ValueError(f"top level is a JSON {type(data).__name__}, expected an object")
-    return data
+    """A host's JSON object, of at most `limit` bytes: each way it is not one is a BadInput line, which each reader
+    below turns into its own one-line problem."""
+    return read_json_object(path, str(path), "collect it again", limit)
 
 
 def _short_error(error: Exception) -> str:

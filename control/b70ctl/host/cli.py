@@ -163,7 +163,7 @@ def fallback_command(
     from datetime import datetime, timezone
 
     from b70ctl.diagnose.catalogue import load_catalogue
-    from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, read_bounded_stdin
+    from b70ctl.files import read_json_object
     from b70ctl.host.model import load_topology
     from b70ctl.redact import printable
 
@@ -173,20 +173,14 @@ def fallback_command(
         raise BadInput(f"--signature {signature}: not a catalogue entry whose fix is the no-p2p profile: give the id "
                        "b70ctl diagnose --json named (e.g. ze-ipc-open-invalid-argument)")
     if topology_path == "-":
-        fix = "pipe in /etc/b70/topology.json"
-        text = read_bounded_stdin(MAX_DOCUMENT_BYTES, "--topology -", fix)
-        try:
-            document = parse_json(text, "--topology -", fix)
-        except json.JSONDecodeError as error:
-            raise BadInput(f"--topology -: not JSON ({error.msg}): {fix}") from error
+        document = read_json_object("-", "--topology -", "pipe in /etc/b70/topology.json")
     else:
-        load_topology(Path(topology_path))  # its one-line refusals for a missing, broken or oversized file
-        document = json.loads(read_bounded(topology_path, MAX_DOCUMENT_BYTES, f"topology file {topology_path}",
-                                           "rewrite it with `b70ctl host topology --write`"))
-    if not isinstance(document, dict) or document.get("profile") != "p2p":
-        raise BadInput(f"--topology {topology_path}: the profile is "
-                       f"{document.get('profile') if isinstance(document, dict) else 'missing'}, not p2p: there is "
-                       "nothing to fall back from")
+        load_topology(Path(topology_path))  # its one-line refusals of a file that is not a topology document
+        document = read_json_object(topology_path, f"topology file {topology_path}",
+                                    "rewrite it with `b70ctl host topology --write`")
+    if document.get("profile") != "p2p":
+        raise BadInput(f"--topology {topology_path}: the profile is {document.get('profile', 'missing')}, not p2p: "
+                       "there is nothing to fall back from")
     at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     record = fallback_record(document, signature, printable(evidence), at)
     fallen = apply_fallback(document, record)

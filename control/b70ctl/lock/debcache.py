@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from b70ctl.documents import Pinned as Strict
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, write_json_atomically
+from b70ctl.files import read_json_object, write_json_atomically
 from b70ctl.lock.debs import ResolveError
 from b70ctl.lock.debs_model import DebPin, Group, HostPackageLock, SeriesLock
 
@@ -49,7 +49,7 @@ def http_get(url: str) -> bytes:
 
 def load_debs_lock(path: Path) -> HostPackageLock:
     fix = "re-run `b70ctl lock resolve --host-packages`, or restore the file from git"
-    data = parse_json(read_bounded(path, MAX_DOCUMENT_BYTES, str(path), fix), str(path), fix)
+    data = read_json_object(path, str(path), fix)
     try:
         return HostPackageLock.model_validate(data)
     except ValidationError as error:
