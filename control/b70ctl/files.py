@@ -192,6 +192,16 @@ def read_json_object(source: str | Path, where: str, fix: str,
     return data
 
 
+def read_own_json_object(path: str | Path, limit: int = MAX_DOCUMENT_BYTES) -> dict[str, Any] | None:
+    """A JSON object b70ctl wrote itself (a marker, a state file, a record of what it did), or None when the file is
+    missing, unreadable, not a regular file, over `limit`, not UTF-8, not JSON or not an object: such a file is not
+    one of b70ctl's, so what it would have said is found or done again, never a reason to stop."""
+    try:
+        return read_json_object(path, str(path), "", limit)
+    except BadInput:
+        return None
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
 

@@ -37,7 +37,7 @@ from b70ctl.checks.metrics import MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import reject_impossible_engine_figures, run_throughput, throughput_measurements
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import parse_json, read_bounded, read_json_object, write_text_atomically
+from b70ctl.files import read_json_object, read_own_json_object, write_text_atomically
 from b70ctl.recipes.model import Recipe
 from b70ctl.redact import printable
 from b70ctl.report.html import render_html
@@ -232,11 +232,8 @@ class RunDirectory:
     def _name_unfinished(self) -> None:
         """A report still saying "running" while this run holds the lock was left by a run killed outright."""
         path = self.out_dir / "report.json"
-        try:
-            earlier = parse_json(read_bounded(path, MAX_REPORT_BYTES, str(path), "").decode("utf-8"), str(path), "")
-        except (OSError, ValueError, BadInput):  # not a report this run could have left: nothing to name
-            return
-        if isinstance(earlier, dict) and earlier.get("partial_reason") == "running":
+        earlier = read_own_json_object(path, MAX_REPORT_BYTES)  # None: not a report this run could have left
+        if earlier is not None and earlier.get("partial_reason") == "running":
             sys.stderr.write(f"warning: {self.out_dir / 'report.json'} says \"running\": the run that wrote it was "
                              "killed before it could close it; this run replaces it\n")
 

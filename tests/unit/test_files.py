@@ -64,3 +64,20 @@ def test_a_yaml_mapping_reads_as_safe_load_reads_it(tmp_path):
     path = tmp_path / "document.yaml"
     path.write_text("a: 1\nb: [yes, '2', null]\nc: {d: 1.5}\n")
     assert files.read_yaml_mapping(path, "where", "fix") == {"a": 1, "b": [True, "2", None], "c": {"d": 1.5}}
+
+
+@pytest.mark.parametrize("content", [None, b"{cut short", b"[1]", b"\xff{}", b"{}" + b" " * 64])
+def test_a_file_that_is_not_one_b70ctl_wrote_reads_as_none(tmp_path, content):
+    """Markers, state files and records (generator.json, verified-ROLE.json, the conversion's provenance, a
+    report left "running"): what such a file would have said is found again, never a reason to stop."""
+    path = tmp_path / "marker.json"
+    if content is not None:
+        path.write_bytes(content)
+    assert files.read_own_json_object(path, limit=64) is None
+    assert files.read_own_json_object(tmp_path, limit=64) is None  # a directory where the file should be
+
+
+def test_a_file_b70ctl_wrote_reads_as_its_object(tmp_path):
+    path = tmp_path / "marker.json"
+    files.write_json_atomically(path, {"generator_version": 1, "spec": {"seed": 1}})
+    assert files.read_own_json_object(path) == {"generator_version": 1, "spec": {"seed": 1}}

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from b70ctl.documents import Pinned
+from b70ctl.files import read_own_json_object
 from b70ctl.lock.model import Lock, ModelPin, appliance_hash
 from b70ctl.lock.resolve import sha256_file
 from b70ctl.recipes import Recipe
@@ -50,13 +51,7 @@ def check_model(pin: ModelPin, directory: Path) -> list[Drift]:
     if not directory.is_dir():
         return [Drift(component=component, path=str(directory), kind="missing")]
     if pin.generated is not None:
-        marker = directory / "generator.json"
-        recorded: dict[str, Any] = {}
-        if marker.is_file():
-            try:
-                recorded = json.loads(marker.read_text())
-            except json.JSONDecodeError:
-                recorded = {}
+        recorded = read_own_json_object(directory / "generator.json") or {}
         expected = {"generator_version": pin.generated.generator_version, "role": pin.generated.role,
                     "spec": pin.generated.spec}
         actual = {key: recorded.get(key) for key in expected}

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from b70ctl.errors import BadInput
-from b70ctl.files import MAX_DOCUMENT_BYTES, parse_json, read_bounded, read_json_object
+from b70ctl.files import MAX_DOCUMENT_BYTES, read_document_text, read_json_object, read_own_json_object
 from b70ctl.lock.resolve import sha256_file
 from b70ctl.recipes.model import IntRange, Recipe
 from b70ctl.versions import parse, version_at_least
@@ -62,13 +62,11 @@ def _read_config(directory: Path, what: str) -> dict[str, Any]:
                             missing=f"{what} {directory} has no config.json: point at a model directory")
 
 
-def _recorded(path: Path, text: bool = False) -> Any:
-    """What a file this converter or fetch wrote holds (its JSON, or its text), or None when it cannot be read,
-    is not what they write, or is larger than any document they write: such a file is never theirs."""
+def _written_text(path: Path) -> str | None:
+    """The text of a file this converter wrote, or None when it cannot be read as one (read_own_json_object)."""
     try:
-        raw = read_bounded(path, MAX_DOCUMENT_BYTES, str(path), "not a file b70ctl wrote").decode("utf-8")
-        return raw if text else parse_json(raw, str(path), "not a file b70ctl wrote")
-    except (OSError, ValueError, BadInput):  # ValueError: not UTF-8 or not JSON
+        return read_document_text(path, MAX_DOCUMENT_BYTES, str(path), "")
+    except BadInput:
         return None
 
 
@@ -222,8 +220,8 @@ def _source_files(src: Path) -> list[str]:
 def _fetch_verified(src: Path) -> dict[str, Any]:
     """What `model fetch` recorded when it verified SRC (DEST/.b70ctl/verified-ROLE.json), if SRC is its output."""
     marker = src.parent / ".b70ctl" / f"verified-{src.name}.json"
-    data = _recorded(marker)
-    files = data.get("files") if isinstance(data, dict) else None
+    data = read_own_json_object(marker)
+    files = data.get("files") if data is not None else None
     return files if isinstance(files, dict) else {}
 
 
@@ -266,12 +264,12 @@ def _up_to_date(dst: Path, src: Path, vllm_version: str, config_text: str) -> bo
     marker = dst / PROVENANCE_FILE
     if not marker.is_file() or not (dst / "config.json").is_file():
         return False
-    recorded = _recorded(marker)
-    if not isinstance(recorded, dict):
+    recorded = read_own_json_object(marker)
+    if recorded is None:
         return False
     if (recorded.get("converter_version") != CONVERTER_VERSION or recorded.get("vllm_version") != vllm_version
             or recorded.get("config_sha256") != _text_sha256(config_text)
-            or _recorded(dst / "config.json", text=True) != config_text):
+            or _written_text(dst / "config.json") != config_text):
         return False
     files = _source_files(src)
     if sorted(recorded.get("source_files", {})) != files:
@@ -307,8 +305,8 @@ def _check_destination(src: Path, dst: Path) -> None:
         raise BadInput(f"{existing} is a file, not a directory: choose another DST, nothing was touched")
     if existing != dst or not any(dst.iterdir()):
         return
-    recorded = _recorded(dst / PROVENANCE_FILE)
-    if not isinstance(recorded, dict):
+    recorded = read_own_json_object(dst / PROVENANCE_FILE)
+    if recorded is None:
         raise BadInput(f"DST {dst} exists and is not a conversion of {src} (no readable {PROVENANCE_FILE}): "
                        "choose an empty or new directory; nothing was touched")
     if recorded.get("source") != str(real_src):

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, Literal
 from b70ctl.documents import Document
 from b70ctl.errors import BadInput
 from b70ctl.extras import require
-from b70ctl.files import write_failure, write_text_atomically
+from b70ctl.files import read_own_json_object, write_failure, write_text_atomically
 from b70ctl.lock.model import FilePin, Lock, ModelPin, canonical_json, require_resolved
 from b70ctl.lock.resolve import hub_endpoint, hub_errors, sha256_file
 from b70ctl.recipes import Recipe
@@ -111,12 +111,7 @@ def _state_path(dest: Path, role: str) -> Path:
 
 
 def _load_state(dest: Path, role: str) -> dict[str, Any]:
-    path = _state_path(dest, role)
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, json.JSONDecodeError):
-        return {}
+    return read_own_json_object(_state_path(dest, role)) or {}
 
 
 def _save_state(dest: Path, role: str, state: dict[str, Any]) -> None:

@@ -9,11 +9,11 @@ provenance) are hashed, and they are small.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from b70ctl.documents import Document, Pinned
 from b70ctl.errors import BadInput
+from b70ctl.files import read_own_json_object
 from b70ctl.lock.resolve import sha256_file
 
 # The manifest a host writes into each installed model directory once every file in it is verified.
@@ -38,10 +38,7 @@ def _verified_hashes(directory: Path) -> dict[tuple[int, int, int], str]:
     """(inode, size, mtime_ns) -> sha256 of every file `model fetch` verified beside DIRECTORY."""
     known: dict[tuple[int, int, int], str] = {}
     for state_file in sorted((directory.parent / ".b70ctl").glob("verified-*.json")):
-        try:
-            files = json.loads(state_file.read_text()).get("files", {})
-        except (OSError, json.JSONDecodeError, AttributeError):
-            continue
+        files = (read_own_json_object(state_file) or {}).get("files", {})
         for stamp in files.values() if isinstance(files, dict) else []:
             try:
                 known[(int(stamp["inode"]), int(stamp["size_bytes"]), int(stamp["mtime_ns"]))] = str(stamp["sha256"])

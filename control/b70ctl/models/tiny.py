@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from b70ctl.documents import Pinned
+from b70ctl.files import read_own_json_object
 
 GENERATOR_VERSION = 1
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -174,12 +175,8 @@ def _save(model: Any, tokenizer: Any, spec: TinySpec, out: Path, role: str, extr
 
 
 def is_generated(path: Path, spec: TinySpec, role: str) -> bool:
-    marker = path / "generator.json"
-    if not marker.is_file():
-        return False
-    try:
-        recorded = json.loads(marker.read_text())
-    except json.JSONDecodeError:
+    recorded = read_own_json_object(path / "generator.json")
+    if recorded is None:
         return False
     return bool(
         recorded.get("generator_version") == GENERATOR_VERSION
