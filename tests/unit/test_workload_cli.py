@@ -298,6 +298,23 @@ def test_save_archive_names_by_id_is_atomic_and_done_once(tmp_path: Path) -> Non
     assert save_archive(client, image_id, tmp_path, lambda line: None) == archive and client.saves == 1
 
 
+@pytest.mark.parametrize("marker", [b"[1]", b"\xff\xfe", b'{"generator_version": 1'])
+def test_a_generator_record_that_is_not_one_reads_as_not_generated(tmp_path: Path, marker: bytes) -> None:
+    """generator.json holding a list or bytes that are not UTF-8 (a disk error, a hand edit) crashed `lock check`
+    and the tiny-model check (AttributeError, UnicodeDecodeError): the models are not the locked ones, and are
+    reported as drift and generated again."""
+    from b70ctl.lock.check import check_model
+    from b70ctl.models import tiny
+
+    _, lock, _ = load_recipe_and_lock("cpu-tiny")
+    assert lock.target.generated is not None
+    directory = tmp_path / "target"
+    directory.mkdir()
+    (directory / "generator.json").write_bytes(marker)
+    assert [drift.kind for drift in check_model(lock.target, directory)] == ["generator"]
+    assert not tiny.is_generated(directory, tiny.TinySpec.model_validate(lock.target.generated.spec), "target")
+
+
 def test_fetching_generated_models_once_generated_is_a_no_op_naming_their_revisions(tmp_path: Path) -> None:
     """The model_store role runs `model fetch` for cpu-tiny on the controller at every models stage: with the locked
     spec already generated it answers without importing torch, and names each model by its generator record (the
