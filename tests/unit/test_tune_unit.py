@@ -326,6 +326,67 @@ def test_the_playbooks_host_document_is_what_b70ctl_tune_reads():
     assert argv[-2] == "ops@10.0.0.5"
 
 
+FAKE_TUNE = """#!{python}
+# b70ctl as roles/vllm_serve/tasks/tune.yml calls it: keeps the --host document it was given and leaves a result.
+import pathlib, sys
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+(out / "host.json").write_text(sys.stdin.read())
+(out / "b70_tuned.yml").write_text("vllm_serve_tuned: {{}}\\n")
+sys.stderr.write("tune: kept the default\\n")
+"""
+
+
+def test_the_roles_tune_tasks_hand_b70ctl_each_hosts_connection_through_ansible(tmp_path: Path) -> None:
+    """roles/vllm_serve/tasks/tune.yml run by ansible-playbook over an inventory, b70ctl stood in for by a script
+    that keeps its stdin: what Ansible's own templating makes of hostvars (a port written as a string, a host with
+    no settings, a local connection) is the --host document ApplianceHost reads. No host is contacted: every task
+    that runs a command is delegated to the controller."""
+    import os
+    import sys
+
+    fake = tmp_path / "b70ctl"
+    fake.write_text(FAKE_TUNE.format(python=sys.executable))
+    fake.chmod(0o755)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(json.dumps({"b70_hosts": {"hosts": {
+        "b70-remote": {"ansible_host": "10.0.0.5", "ansible_port": "2222", "ansible_user": "ops",
+                       "ansible_ssh_private_key_file": "/keys/id", "ansible_ssh_common_args": "-o A=b",
+                       "ansible_ssh_extra_args": "-o 'C=d e'"},
+        "b70-bare": {},
+        "b70-here": {"ansible_connection": "local"},
+    }}}))
+    playbook = tmp_path / "tune.yml"
+    playbook.write_text(json.dumps([{
+        "hosts": "b70_hosts", "gather_facts": False,
+        "vars": {"b70_ctl": str(fake), "b70_recipe": "cpu-tiny", "b70_etc_dir": "/etc/b70",
+                 "vllm_serve_tune_dir": str(tmp_path / "reports") + "/{{ inventory_hostname }}/tune",
+                 "vllm_serve_tune_host_vars_dir": str(tmp_path / "host_vars") + "/{{ inventory_hostname }}",
+                 "vllm_serve_tune_budget_requests": 0, "vllm_serve_tune_throttle": 0, "vllm_serve_unit": UNIT,
+                 "vllm_serve_port": 8000, "vllm_serve_config_dir": CONFIG_DIR, "vllm_serve_baseline": False,
+                 "vllm_serve_baseline_unit": BASELINE_UNIT, "vllm_serve_api_key": "",
+                 "vllm_serve_health_timeout": 900},
+        "tasks": [{"ansible.builtin.include_tasks": str(REPO / "roles/vllm_serve/tasks/tune.yml")}]}]))
+    env = {**os.environ, "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"), "ANSIBLE_REMOTE_TMP": str(tmp_path / "remote")}
+    run = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
+                          str(playbook)], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    def handed(host: str) -> ApplianceHost:
+        return ApplianceHost.model_validate_json((tmp_path / "reports" / host / "tune" / "host.json").read_text())
+
+    remote = handed("b70-remote")
+    assert SshShell(remote).ssh_argv(["true"]) == [
+        "ssh", "-o", "BatchMode=yes", "-p", "2222", "-i", "/keys/id", "-o", "A=b", "-o", "C=d e", "--",
+        "ops@10.0.0.5", "sudo -n -- true"]
+    assert (remote.unit, remote.baseline_unit, remote.api_key) == (UNIT, None, None)
+    bare = handed("b70-bare")
+    assert (bare.connection, bare.address, bare.ssh_port, bare.ssh_user) == ("ssh", "b70-bare", 22, None)
+    assert handed("b70-here").connection == "local"
+    assert (tmp_path / "host_vars" / "b70-here" / "b70_tuned.yml").is_file()
+
+
 def test_a_host_with_no_connection_settings_is_reached_by_its_inventory_name_as_ssh_would():
     host = _tune_stdin({})
     assert (host.address, host.ssh_port, host.ssh_user, host.ssh_private_key, host.connection) == (
