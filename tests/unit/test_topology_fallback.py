@@ -105,6 +105,27 @@ def test_fallback_command_prints_the_record_and_the_no_p2p_topology(tmp_path: Pa
             "profile", "profile_source", "profile_reason", "ccl_env", "docker_args")}
 
 
+def test_fallback_from_the_topology_file_is_the_fallback_from_stdin(tmp_path: Path) -> None:
+    """--topology FILE (read once: validated as the serving stage reads it, and used as written) gives what the
+    role's stdin gives; a file that is not a valid topology is refused before anything is printed."""
+    document = p2p_document(tmp_path)
+    path = tmp_path / "topology.json"
+    path.write_text(json.dumps(document))
+    args = ["host", "fallback", "--json", "--signature", SIGNATURE, "--evidence", "x"]
+    from_stdin = CliRunner().invoke(app, [*args, "--topology", "-"], input=json.dumps(document))
+    from_file = CliRunner().invoke(app, [*args, "--topology", str(path)])
+    assert from_stdin.exit_code == from_file.exit_code == 0, from_file.output
+
+    def untimed(printed: str) -> dict:  # the record carries the time it was made
+        return {key: value for key, value in json.loads(printed).items() if key not in ("record", "record_json")}
+
+    assert untimed(from_file.stdout) == untimed(from_stdin.stdout)
+    path.write_text(json.dumps({**document, "ccl_env": {}}))
+    refused = subprocess.run([str(B70CTL), *args, "--topology", str(path)], capture_output=True, text=True)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "ccl_env differs from profile p2p's set" in refused.stderr
+
+
 @pytest.mark.parametrize("case, expected", [
     ("no-p2p", "the profile is no-p2p, not p2p: there is nothing to fall back from"),
     ("wrong-signature", "--signature xe-engine-reset-fault: not a catalogue entry whose fix is the no-p2p profile"),

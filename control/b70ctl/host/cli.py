@@ -164,7 +164,7 @@ def fallback_command(
 
     from b70ctl.diagnose.catalogue import load_catalogue
     from b70ctl.files import read_json_object
-    from b70ctl.host.model import load_topology
+    from b70ctl.host.model import read_topology
     from b70ctl.redact import printable
 
     entries = {entry.id: entry for entry in load_catalogue().signatures}
@@ -175,9 +175,7 @@ def fallback_command(
     if topology_path == "-":
         document = read_json_object("-", "--topology -", "pipe in /etc/b70/topology.json")
     else:
-        load_topology(Path(topology_path))  # its one-line refusals of a file that is not a topology document
-        document = read_json_object(topology_path, f"topology file {topology_path}",
-                                    "rewrite it with `b70ctl host topology --write`")
+        document, _ = read_topology(Path(topology_path))  # as written; refused in one line when not a topology
     if document.get("profile") != "p2p":
         raise BadInput(f"--topology {topology_path}: the profile is {document.get('profile', 'missing')}, not p2p: "
                        "there is nothing to fall back from")

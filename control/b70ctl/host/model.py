@@ -87,21 +87,26 @@ class TopologyDocument(_Model):
 
 
 def load_topology(path: Path) -> TopologyDocument:
+    return read_topology(path)[1]
+
+
+def read_topology(path: Path) -> tuple[dict[str, Any], TopologyDocument]:
+    """The topology file as it is written, and validated: a missing, broken, hand-edited or stale file is one
+    BadInput line with the fix."""
     where = f"topology file {path}"
-    data = read_json_object(path, where, "rewrite it with `b70ctl host topology --write`",
-                            missing=f"{where}: No such file or directory: run `b70ctl host topology --write` (or the "
-                                    "gpu_topology role) on the host first")
-    data.pop("changed", None)
-    data.pop("path", None)
+    fix = "rewrite it with `b70ctl host topology --write`"
+    written = read_json_object(path, where, fix,
+                               missing=f"{where}: No such file or directory: run `b70ctl host topology --write` (or "
+                                       "the gpu_topology role) on the host first")
+    # The topology command's own output (b70host.topology without --document) adds whether and where it wrote.
+    data = {key: value for key, value in written.items() if key not in ("changed", "path")}
     try:
         document = TopologyDocument.model_validate(data)
     except ValidationError as error:
-        raise BadInput(f"topology file {path}: {first_problem(error)}: rewrite it with `b70ctl host topology "
-                       f"--write`") from error
+        raise BadInput(f"{where}: {first_problem(error)}: {fix}") from error
     if document.ccl_env != CCL_PROFILES[document.profile]["env"]:
-        raise BadInput(f"topology file {path}: ccl_env differs from profile {document.profile}'s set: rewrite it "
-                       f"with `b70ctl host topology --write`")
-    return document
+        raise BadInput(f"{where}: ccl_env differs from profile {document.profile}'s set: {fix}")
+    return written, document
 
 
 # --- the facts document: the b70 Ansible fact, `b70ctl host facts --json` (facts.py) ---------------------------
