@@ -396,12 +396,31 @@ def test_a_host_with_no_connection_settings_is_reached_by_its_inventory_name_as_
 
 @pytest.mark.parametrize(("plugin", "connection"), [
     ("local", "local"), ("ansible.builtin.local", "local"), ("ssh", "ssh"), ("ansible.builtin.ssh", "ssh"),
-    ("paramiko", "ssh"),
+    ("ansible.builtin.paramiko_ssh", "ssh"),
 ])
 def test_the_inventorys_connection_plugin_decides_local_or_ssh(plugin, connection):
     host = _tune_stdin({"ansible_connection": plugin})
     assert host.connection == connection
     assert isinstance(host_shell(host), LocalShell if connection == "local" else SshShell)
+
+
+def test_the_local_connection_names_are_the_ones_ansible_resolves_to_its_local_plugin():
+    """LOCAL_CONNECTIONS against ansible-core's own plugin loader (the installed ansible-core, not this repo): each
+    name resolves to ansible/plugins/connection/local.py, and the ssh plugins do not."""
+    from b70ctl.tune.unit import LOCAL_CONNECTIONS
+
+    names = sorted(LOCAL_CONNECTIONS) + ["ssh", "ansible.builtin.ssh", "ansible.builtin.paramiko_ssh"]
+    program = ("import json, sys\n"
+               "from ansible.plugins.loader import connection_loader, init_plugin_loader\n"
+               "init_plugin_loader()\n"
+               "print(json.dumps({name: connection_loader.find_plugin_with_context(name).plugin_resolved_path\n"
+               "                  for name in sys.argv[1:]}))\n")
+    done = subprocess.run([sys.executable, "-c", program, *names], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    resolved = json.loads(done.stdout)
+    local = {name for name, path in resolved.items() if path and path.endswith("/ansible/plugins/connection/local.py")}
+    assert local == LOCAL_CONNECTIONS
+    assert all(resolved[name] for name in names)  # each a real plugin of the installed ansible-core
 
 
 def test_a_hand_written_host_document_in_the_fields_own_names_still_reads():
