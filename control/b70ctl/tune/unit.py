@@ -159,6 +159,7 @@ class SshShell:
         options = ["-o", "BatchMode=yes", "-p", str(host.ssh_port)]
         if host.ssh_private_key:
             options += ["-i", host.ssh_private_key]
+        # The common arguments, then the extra ones: the order of ansible-core's ssh plugin (_build_command).
         options += shlex.split(host.ssh_common_args) + shlex.split(host.ssh_extra_args)
         destination = f"{host.ssh_user}@{host.address}" if host.ssh_user else host.address
         if host.become and host.ssh_user not in (None, "root"):
