@@ -26,6 +26,7 @@ from hostile import (
     run_b70ctl,
     snapshot,
 )
+from systemd_words import systemd_split, systemd_verify_root
 from store_fixtures import (  # noqa: F401 (fixtures)
     DRAFTER_REPO,
     IMAGE_REFERENCE,
@@ -896,19 +897,10 @@ def test_hostile_values_in_the_unit_are_escaped(name, tmp_path):
     assert directives == ["Description", "After", "Requires", "Wants", "Type", "User", "ExecStartPre", "ExecStart",
                           "ExecStop", "Restart", "RestartSec", "TimeoutStopSec", "WantedBy"], text
     exec_line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
-    assert _systemd_split(exec_line.removeprefix("ExecStart=")) == argv
+    assert systemd_split(exec_line.removeprefix("ExecStart=")) == argv
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed here")
-    # verify wants every unit the unit requires and every command it runs to exist: under a root of its own (the
-    # machine's systemd units, a docker.service and /usr/bin/docker), not on this machine, whose docker may not be
-    # installed yet.
-    root = tmp_path / "root"
-    shutil.copytree(Path("/lib/systemd/system"), root / "usr/lib/systemd/system", symlinks=True)
-    (root / "usr/lib/systemd/system/docker.service").unlink(missing_ok=True)
-    (root / "usr/lib/systemd/system/docker.service").write_text("[Service]\nExecStart=/usr/bin/docker\n")
-    (root / "usr/bin").mkdir(parents=True)
-    (root / "usr/bin/docker").write_text("#!/bin/sh\n")
-    (root / "usr/bin/docker").chmod(0o755)
+    root = systemd_verify_root(tmp_path / "root")
     unit = root / "etc/systemd/system/vllm-b70.service"
     unit.parent.mkdir(parents=True)
     unit.write_text(text)
@@ -918,38 +910,6 @@ def test_hostile_values_in_the_unit_are_escaped(name, tmp_path):
                 if str(unit) in line and "Failed to" not in line or "Unknown" in line or "Invalid" in line
                 or "bad" in line.lower()]
     assert verified.returncode == 0 and not problems, verified.stderr
-
-
-def _systemd_split(line: str) -> list[str]:
-    """ExecStart's word splitting as systemd does it for double-quoted words (C escapes, %% and $$)."""
-    words, index = [], 0
-    escapes = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"'}
-    while index < len(line):
-        if line[index] == " ":
-            index += 1
-            continue
-        assert line[index] == '"', line[index:]
-        index += 1
-        word = []
-        while line[index] != '"':
-            character = line[index]
-            if character == "\\":
-                following = line[index + 1]
-                if following == "x":
-                    word.append(chr(int(line[index + 2:index + 4], 16)))
-                    index += 4
-                    continue
-                word.append(escapes[following])
-                index += 2
-                continue
-            if character in "%$":
-                assert line[index + 1] == character, line
-                index += 1
-            word.append(character)
-            index += 1
-        words.append("".join(word))
-        index += 1
-    return words
 
 
 def _inventory(text: str | None) -> Callable[[Path], Path]:

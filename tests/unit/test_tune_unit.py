@@ -31,7 +31,8 @@ from b70ctl.tune.unit import (ApplianceHost, HostCommandFailed, LocalShell, SshS
                              host_shell)
 from b70ctl.verify import Terminated, _sigterm_ends_the_run
 from scripted_server import ScriptedServer
-from test_hostile_inputs import HOSTILE_UNIT_VALUES, _render_unit, _systemd_split
+from systemd_words import systemd_split, systemd_verify_root
+from test_hostile_inputs import HOSTILE_UNIT_VALUES, _render_unit
 from test_tune import RECIPE, SERVED_RATES, steady_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ class EmulatedHost:
         for line in lines:
             if line.startswith("ExecStart="):
                 value = line.removeprefix("ExecStart=")
-                commands = [] if not value else [*commands, _systemd_split(value)]
+                commands = [] if not value else [*commands, systemd_split(value)]
         assert len(commands) == 1, commands
         return commands[0]
 
@@ -233,13 +234,16 @@ def test_a_drop_in_passes_systemd_analyze_verify_beside_the_unit(host_factory, t
         servers.recipe = RECIPE  # the unit as the role installed it serves the recipe's own name
     exec_lines = [line for line in drop_in.splitlines() if line.startswith("ExecStart")]
     assert exec_lines[0] == "ExecStart=" and len(exec_lines) == 2
-    argv = _systemd_split(exec_lines[1].removeprefix("ExecStart="))
+    argv = systemd_split(exec_lines[1].removeprefix("ExecStart="))
     assert argv[argv.index("--served-model-name") + 1] == hostile.serve.served_model_name
-    unit_dir = tmp_path / "verify"
+    # Under a root of its own (systemd_verify_root): on this machine docker may not be installed yet.
+    root = systemd_verify_root(tmp_path / "root")
+    unit_dir = root / "etc/systemd/system"
     (unit_dir / f"{UNIT}.service.d").mkdir(parents=True)
     (unit_dir / f"{UNIT}.service").write_text(emulated.unit_text)
     (unit_dir / f"{UNIT}.service.d" / "b70-tune.conf").write_text(drop_in)
-    verified = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit_dir / f"{UNIT}.service")],
+    verified = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}",
+                               str(unit_dir / f"{UNIT}.service")],
                               capture_output=True, text=True, timeout=60)
     problems = [line for line in verified.stderr.splitlines() if "b70-tune.conf" in line or "Unknown" in line
                 or "Invalid" in line or "bad" in line.lower()]
@@ -510,7 +514,7 @@ def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_
                                           f"{CONFIG_DIR}/{UNIT}.env", "--env-file"]
     assert "/var/lib/b70/models/dspark:/models:ro" in rendered["exec_start"]
     assert rendered["exec_start"][-len(rendered["argv"]):] == rendered["argv"]
-    assert _systemd_split(rendered["exec_start_line"]) == rendered["exec_start"]
+    assert systemd_split(rendered["exec_start_line"]) == rendered["exec_start"]
     # The files the role copies, byte for byte: the environment file as systemd reads it (systemd.exec(7),
     # EnvironmentFile=: '#' comments, NAME=VALUE), serve.json as the report's host bundle reads it, and the container
     # record b70ctl tune reads back.

@@ -109,7 +109,7 @@ def test_a_broken_environment_script_stops_the_start_naming_it(tmp_path: Path) -
 
 def test_no_command_is_refused(tmp_path: Path) -> None:
     result = run(llm_scaler_runtime(tmp_path))
-    assert result.returncode == 2 and "no command given" in result.stderr
+    assert result.returncode == 2 and "no arguments" in result.stderr
 
 
 def test_the_images_default_root_is_slash() -> None:

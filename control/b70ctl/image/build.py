@@ -39,7 +39,8 @@ DIGEST = r"sha256:[0-9a-f]{64}"
 DIGEST_REFERENCE = re.compile(rf"^(?P<name>[^@\s]+)@(?P<digest>{DIGEST})$")
 IMAGE_ID = re.compile(rf"^{DIGEST}$")
 BASE_ARG_FROM = re.compile(r"^\$\{?BASE_IMAGE\}?$")
-XPU_ENTRYPOINT = "images/entrypoint.sh"
+# Every serving image's entrypoint: one start path for the B70 routes and the embedded default.
+IMAGE_ENTRYPOINT = "images/entrypoint.sh"
 # Debian bookworm's python: the CPU image installs the torch wheel built for it.
 CPU_IMAGE_PYTHON_TAG = "cp311"
 
@@ -172,9 +173,8 @@ def context_files(recipe: Recipe, repo_root: Path, series: PatchSeries | None,
     assert recipe.image.build is not None
     context = repo_root / recipe.image.build.context
     files = [ContextFile(source=context / "Dockerfile", destination="Dockerfile")]
-    if recipe.host.accelerator == "xpu":
-        # One entrypoint for every XPU image: it sources the oneAPI / oneCCL environment each base has.
-        files.append(ContextFile(source=repo_root / XPU_ENTRYPOINT, destination="entrypoint.sh"))
+    # One entrypoint for every image: it sources the oneAPI / oneCCL environment a base has and starts the server.
+    files.append(ContextFile(source=repo_root / IMAGE_ENTRYPOINT, destination="entrypoint.sh"))
     if series is not None:
         files += [ContextFile(source=path, destination=f"patches/{path.name}") for path in series.context_files()]
     if recipe.route == "cpu":

@@ -159,8 +159,8 @@ def unit_file_text(recipe_name: str, unit: str, port: int, baseline: bool, user:
     return "\n".join([
         "# Managed by the vllm_serve role: rendered by b70ctl serve units.",
         f"# vLLM serving {name}{' (target-only baseline)' if baseline else ''}.",
-        "# The arguments and environment come from `b70ctl serve render` (one renderer for every consumer); the XPU",
-        "# image's entrypoint sources oneAPI's setvars.sh before vLLM starts.",
+        "# The arguments and environment come from `b70ctl serve render` (one renderer for every consumer); the",
+        "# image's entrypoint (images/entrypoint.sh) starts vLLM with the arguments after the image.",
         "[Unit]",
         f"Description=vLLM {name}{' baseline' if baseline else ''} on port {port}",
         "After=docker.service network-online.target",
