@@ -3,10 +3,10 @@
 A B70 recipe cannot be served here (no GPU, no XPU image), yet its serve stage can run for real: the host stage
 (playbooks/host.yml) on the P2P host (two B70s behind one switch) and the no-P2P host (two B70s on separate root
 ports), then playbooks/serve.yml with `vllm_serve_image_ref` naming the stand-in (tests/appliance/recorder), which
-records the argv and environment the unit started it with and answers /health, /v1/models and /metrics like
-vLLM. What it recorded must equal `b70ctl serve render` for that host's topology: any check in the role that
-refuses a recipe's own setting (route a runs with VLLM_USE_V2_MODEL_RUNNER=0) or any change the unit makes to
-the command shows here.
+starts through the serving images' own entrypoint (images/entrypoint.sh), records the argv and environment the
+unit started it with and answers /health, /v1/models and /metrics like vLLM. What it recorded must equal `b70ctl
+serve render` for that host's topology: any check in the role that refuses a recipe's own setting (route a runs with
+VLLM_USE_V2_MODEL_RUNNER=0) or any change the unit makes to the command shows here.
 
 The model stage is not run (it would fetch 30 GB per recipe): the test leaves what it would, placeholder target and
 drafter directories and /etc/b70/models.json; the stand-in reads no weights. The cards' /dev/dri nodes, which
@@ -44,8 +44,9 @@ SCENARIOS = {1: "b70x2-switch-192gb", 2: "b70x2-root-ports-192gb"}
 RECIPES = ["pr620-fp8-tp2", "dspark-int4-tp1"]
 API_KEY = "recorded-stand-in-key-5f1c"
 PORT = 8000  # roles/vllm_serve/defaults/main.yml vllm_serve_port
-# Set by docker itself in every container, not by the unit: the only variables besides the rendered env allowed.
-DOCKER_ENV = {"PATH", "HOSTNAME", "HOME"}
+# Set by docker itself in every container, not by the unit, and by bash, which runs the image's entrypoint and
+# exports its working directory and shell level to what it execs: the only variables besides the rendered env allowed.
+DOCKER_ENV = {"PATH", "HOSTNAME", "HOME", "PWD", "SHLVL"}
 B70CTL = Path(sys.executable).parent / "b70ctl"
 DRM_MAJOR = 226  # Linux's DRM character devices: cardN = minor N, renderDN = minor N
 
@@ -65,6 +66,7 @@ def build_stand_in(work_dir: Path) -> tuple[str, Path]:
     shutil.copytree(Path(__file__).parent / "recorder", context, dirs_exist_ok=True)
     (context / "field").mkdir(exist_ok=True)
     shutil.copy2(IPC_OPEN_LOG, context / "field" / IPC_OPEN_LOG.name)
+    shutil.copy2(REPO_ROOT / "images" / "entrypoint.sh", context / "entrypoint.sh")
     image_id = subprocess.run(["docker", "build", "--quiet", "--build-arg", f"BASE_IMAGE={base_id}",
                                "--tag", "localhost/b70/vllm-recorder:test", str(context)],
                               check=True, capture_output=True, text=True).stdout.strip()
