@@ -23,6 +23,8 @@ from b70ctl.models.record import ModelsRecord
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import Environment
 from b70ctl.serve.render import ServeCommand
+from b70ctl.serve.rehearsal import RecipeOverlay
+from b70ctl.serve.unit import ServedCommand
 
 
 class HostBundle(Document):
@@ -35,7 +37,7 @@ class HostBundle(Document):
     image: InstalledImage | None = Field(None, description="/etc/b70/image.json (`b70ctl image record --json`)")
     models: ModelsRecord | None = Field(None, description="/etc/b70/models.json (`b70ctl model record --json`)")
     compute_runtime: str | None = Field(None, description="Installed version of Intel's Level Zero GPU driver")
-    serve: ServeCommand | None = Field(None, description="`b70ctl serve render --json` of the measured server "
+    serve: ServedCommand | None = Field(None, description="`b70ctl serve render --json` of the measured server "
                                                          "(/etc/b70/serve.json)")
 
     @field_validator("facts", "topology", "image", "models", "serve", mode="before")
@@ -80,6 +82,12 @@ def serve_command_line(rendered: ServeCommand) -> str | None:
     return " ".join([*assignments, "vllm", "serve", *(shlex.quote(arg) for arg in rendered.argv)])
 
 
+def rehearsal_lines(overlay: RecipeOverlay) -> list[str]:
+    """A rehearsal's overlay as the report lists it: what stands in for the weights, then each removed option."""
+    return ([f"models: {overlay.models}"] + [f"removed {dropped.option}: {dropped.why}" for dropped in overlay.drop]
+            + [f"{changed.option} {changed.value}: {changed.why}" for changed in overlay.replace])
+
+
 def profile_reason(topology: TopologyDocument) -> str | None:
     """Why the host serves its oneCCL profile, with who chose it: the topology's own rule, the owner's override,
     or the serve gate's fallback after a p2p start died."""
@@ -109,5 +117,7 @@ def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environm
         p2p_profile=topology.profile if topology else None,
         p2p_profile_reason=profile_reason(topology) if topology else None,
         serve_command=serve_command_line(bundle.serve) if bundle.serve else None,
+        serve_exec_start=bundle.serve.exec_start_line if bundle.serve else None,
+        rehearsal=rehearsal_lines(bundle.serve.rehearsal) if bundle.serve and bundle.serve.rehearsal else [],
         hardware_root=hardware_root(facts) if facts else None,
     )

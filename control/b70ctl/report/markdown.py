@@ -293,6 +293,12 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
     lines += [f"- Run: {report.started_at:%Y-%m-%d %H:%M:%S} UTC, b70ctl {report.tool_version}", ""]
     if env.serve_command:
         lines += ["Serve command:", "", "```", env.serve_command, "```", ""]
+    if env.serve_exec_start:
+        lines += ["The serving unit's ExecStart:", "", "```", f"ExecStart={env.serve_exec_start}", "```", ""]
+    if env.rehearsal:
+        lines += ["**Rehearsal:** served from a stand-in base with vLLM's CPU build; the overlay "
+                  "(control/b70ctl/serve/rehearsal.yaml) changed only this:", ""]
+        lines += [f"- {line}" for line in env.rehearsal] + [""]
 
     lines += ["## Verdicts", "", "| claim | required | measured | verdict | source |", "|---|---|---|---|---|"]
     for verdict in report.verdicts:

@@ -18,6 +18,7 @@ from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, env_problem, site_env_problem
+from b70ctl.serve.rehearsal import RecipeOverlay, apply_overlay, recipe_overlay
 from b70ctl.serve.render import (DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext,
                                  render_container)
 from b70ctl.models.record import ModelsRecord, parse_models_record
@@ -109,9 +110,10 @@ def _container(unit: str, image: str | None, env_file: str | None, api_key_env_f
 
 def _render_server(recipe: Recipe, document: TopologyDocument | None, tuned: str | None, site_env: dict[str, str],
                    model_dir: str, drafter_dir: str | None, port: int, baseline: bool, compile_cache_dir: str,
-                   neo_cache_max_bytes: int) -> tuple[ServeCommand, ServeContext]:
+                   neo_cache_max_bytes: int, rehearsal: RecipeOverlay | None = None
+                   ) -> tuple[ServeCommand, ServeContext]:
     """One server's render: the speculative server with the host's tuned overrides, or the target-only baseline
-    as the recipe says (it is the tune's reference)."""
+    as the recipe says (it is the tune's reference); in a rehearsal, without the options its overlay removes."""
     from b70ctl.tune.applied import apply_tuned, parse_tuned
 
     tuned_env: dict[str, str] = {}
@@ -128,10 +130,13 @@ def _render_server(recipe: Recipe, document: TopologyDocument | None, tuned: str
                            "':' (or '') and a byte count >= 0") from error
         raise BadInput(f"--port {port}: {first_problem(error)}: give a TCP port from 1 to 65535") from error
     try:
-        return render_container(recipe, context, document), context
+        command = render_container(recipe, context, document)
     except ValueError as error:
         raise BadInput(f"{error}: pass --topology /etc/b70/topology.json of a host with enough GPUs, or choose a "
                        "recipe that fits") from error
+    if rehearsal is not None:
+        command = apply_overlay(command, rehearsal, speculative=not baseline)
+    return command, context
 
 
 @app.command("render")
@@ -236,6 +241,10 @@ def units(
     neo_cache_max_bytes: Annotated[int, typer.Option(help="XPU: NEO_CACHE_MAX_SIZE of the kernel cache, bytes")
                                    ] = DEFAULT_NEO_CACHE_MAX_BYTES,
     systemd_dir: Annotated[str, typer.Option(help="Where the unit files go")] = SYSTEMD_DIR,
+    rehearsal: Annotated[bool, typer.Option(
+        "--rehearsal", help="Render for a rehearsal (make rehearse): remove the options the recipe's overlay in "
+                            "serve/rehearsal.yaml lists, which vLLM's CPU build refuses; serve.json records it")
+    ] = False,
     as_json: Annotated[bool, json_option("Print every unit's files as JSON (what the vllm_serve role writes)")
                        ] = False,
 ) -> None:
@@ -257,6 +266,7 @@ def units(
     loaded = _with_site_env(load_recipe(recipe), site_env)
     document = _topology(topology) if topology is not None else None
     record = parse_models_record(models_record, "--models-record")
+    overlay = recipe_overlay(loaded.name) if rehearsal else None
     recorded_target, recorded_drafter = record.in_container(CONTAINER_MODELS_DIR)
     served_target, served_drafter = model_dir or recorded_target, drafter_dir or recorded_drafter
     if served_drafter is None and loaded.drafter is not None:
@@ -267,9 +277,10 @@ def units(
     for name, server_port, baseline in [(unit, port, False)] + (
             [(baseline_unit, baseline_port, True)] if baseline_unit is not None else []):
         command, context = _render_server(loaded, document, tuned, site_env, served_target, served_drafter,
-                                          server_port, baseline, compile_cache_dir, neo_cache_max_bytes)
+                                          server_port, baseline, compile_cache_dir, neo_cache_max_bytes, overlay)
         env_path = f"{config_dir}/{name}.env"
-        served = serve_unit(command, _container(name, image, env_path, api_key_env_file, record, context, site_env))
+        served = serve_unit(command, _container(name, image, env_path, api_key_env_file, record, context, site_env),
+                            rehearsal=overlay)
         servers.append(HostServer(
             unit=name, port=server_port, baseline=baseline, unit_path=f"{systemd_dir}/{name}.service",
             unit_file=unit_file_text(loaded.name, name, server_port, baseline, user, served.exec_start),

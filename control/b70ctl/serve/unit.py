@@ -24,6 +24,7 @@ from pydantic import Field, field_validator
 
 from b70ctl.documents import Document
 from b70ctl.errors import BadInput
+from b70ctl.serve.rehearsal import RecipeOverlay
 from b70ctl.serve.render import DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext
 
 DOCKER = "/usr/bin/docker"
@@ -120,6 +121,15 @@ class ServingContainer(Document):
                 + command.docker_args + [self.image] + command.argv)
 
 
+class ServedCommand(ServeCommand):
+    """/etc/b70/serve.json: the measured server's render, the unit's whole ExecStart as the unit file holds it, and
+    in a rehearsal the options its overlay removed (serve/rehearsal.yaml). The report shows all three."""
+
+    exec_start_line: str | None = Field(None, description="The unit's ExecStart= value (systemd quoting)")
+    rehearsal: RecipeOverlay | None = Field(None, description="A rehearsal's overlay: what stands in for the "
+                                                              "weights, and the options it removed from the render")
+
+
 class UnitFiles(Document):
     """What the vllm_serve role writes from one render, as the files hold it."""
 
@@ -141,11 +151,14 @@ class ServeUnit(Document):
     files: UnitFiles
 
 
-def serve_unit(command: ServeCommand, container: ServingContainer) -> ServeUnit:
+def serve_unit(command: ServeCommand, container: ServingContainer,
+               rehearsal: RecipeOverlay | None = None) -> ServeUnit:
     exec_argv = container.exec_start(command)
+    served = ServedCommand(**command.model_dump(), exec_start_line=exec_start_line(exec_argv),
+                           rehearsal=rehearsal)
     files = UnitFiles(env_file=env_file_text(command.env, "Managed by the vllm_serve role: rendered by b70ctl serve "
                                                           "render"),
-                      serve_json=command.model_dump_json(indent=2) + "\n",
+                      serve_json=served.model_dump_json(indent=2) + "\n",
                       container_json=container.model_dump_json(indent=2) + "\n")
     return ServeUnit(argv=command.argv, env=command.env, docker_args=command.docker_args, exec_start=exec_argv,
                      exec_start_line=exec_start_line(exec_argv), container=container, files=files)

