@@ -21,7 +21,8 @@ def test_host_facts_are_the_environment_fields_with_their_types():
 
 
 def test_host_facts_json_round_trips_every_fact_and_ignores_other_keys(tmp_path):
-    facts = {name: 2 if name == "gpu_count" else f"{name}-value" for name in HostFacts.model_fields}
+    facts = {name: 2 if name == "gpu_count" else [f"{name}-value"] if name == "rehearsal" else f"{name}-value"
+             for name in HostFacts.model_fields}
     path = tmp_path / "host_facts.json"
     path.write_text(json.dumps({**facts, "served_model": "not a host fact", "extra": {"x": 1}, "uptime_s": 5}))
     read = read_host_facts(path)

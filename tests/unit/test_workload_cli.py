@@ -73,7 +73,11 @@ def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
     bundle = {"hostname": "b70-a", "facts": facts, "topology": json.loads(topology_text), **recorded_documents(),
               "compute_runtime": "26.14.37833.4-1~24.04~ppa1",
               "serve": {"argv": ["--model", "/models/target", "--speculative-config", '{"k": 4}'],
-                        "env": {"ZE_AFFINITY_MASK": "0,1", "CCL_TOPO_P2P_ACCESS": "1"}}}
+                        "env": {"ZE_AFFINITY_MASK": "0,1", "CCL_TOPO_P2P_ACCESS": "1"},
+                        "exec_start_line": '"/usr/bin/docker" "run" "image" "--model" "/models/target"',
+                        "rehearsal": {"models": "tiny", "drop": [{"option": "--speculative-config", "why": "refused",
+                                                                  "refusal": "no"}],
+                                      "replace": [{"option": "--port", "value": "1", "why": "taken"}]}}}
     result = invoke("host", "environment", "--recipe", "pr620-fp8-tp2", "--json", stdin=json.dumps(bundle))
     assert result.exit_code == 0, result.output
     environment = json.loads(result.stdout)
@@ -87,7 +91,9 @@ def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
         "compute_runtime": "26.14.37833.4-1~24.04~ppa1", "gpu_count": 2, "gpu_model": "2x B70", "p2p_profile": "p2p",
         "p2p_profile_reason": environment["p2p_profile_reason"],
         "serve_command": "CCL_TOPO_P2P_ACCESS=1 ZE_AFFINITY_MASK=0,1 vllm serve --model /models/target "
-                         "--speculative-config '{\"k\": 4}'", "hardware_root": facts["root"]}
+                         "--speculative-config '{\"k\": 4}'", "hardware_root": facts["root"],
+        "serve_exec_start": '"/usr/bin/docker" "run" "image" "--model" "/models/target"',
+        "rehearsal": ["models: tiny", "removed --speculative-config: refused", "--port 1: taken"]}
     # The profile is p2p because the host's override said so, not because the topology proved it: the report says so.
     assert environment["p2p_profile_reason"].startswith("override: p2p")
     assert "no probe opened peer memory" in environment["p2p_profile_reason"]

@@ -295,8 +295,8 @@ class Environment(Model):
     served_speculative_positions: int | None = Field(None, description="k as the server's /metrics shows it")
     serve_command: str | None = Field(None, description="The host's rendered vLLM command line, when known")
     serve_exec_start: str | None = Field(None, description="The serving unit's ExecStart= value, as the unit holds it")
-    rehearsal: list[str] = Field(default_factory=list, description="A rehearsal's overlay (serve/rehearsal.yaml): "
-                                 "what it served differently from a B70 host; empty on a real host")
+    rehearsal: list[str] | None = Field(None, description="A rehearsal's overlay (serve/rehearsal.yaml): what it "
+                                        "served differently from a B70 host; absent on a real host")
     hardware_root: str | None = Field(
         None, description="Set when the GPU facts were read under a root prefix other than /: the hardware was "
                           "emulated (a fixture's sysfs tree there), and kernel and firmware are the fixture's")
