@@ -75,7 +75,14 @@ PCI_CAP_EXPRESS = 0x10
 PCI_CONFIG_EXTENDED_START = 0x100
 
 FIRMWARE_FILES = ("xe/bmg_guc_70.bin", "xe/bmg_huc.bin")
+# Where the kernel's firmware loader looks, in its order (drivers/base/firmware_loader/main.c: fw_path[], each
+# directory tried for the plain name, then, with CONFIG_FW_LOADER_COMPRESS_ZSTD / _XZ, every directory again for
+# NAME.zst, then NAME.xz). {release} is the running kernel's (UTS_RELEASE). The first file found is the one loaded.
+FIRMWARE_DIRS = ("/lib/firmware/updates/{release}", "/lib/firmware/updates", "/lib/firmware/{release}",
+                 "/lib/firmware")
 FIRMWARE_SUFFIXES = ("", ".zst", ".xz")
+# A uC binary is well under a MiB (GuC 70.72.1: 385,856 bytes); a decompressed one larger than this is not one.
+MAX_FIRMWARE_BYTES = 8 * 2**20
 GUC_RECOMMENDED = (70, 54, 0)
 
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -556,23 +563,68 @@ def _uc_firmware(root: str, address: str, card: Optional[str]) -> Optional[Dict[
     return None
 
 
-def _firmware_files(root: str) -> Dict[str, Any]:
+def decompress_firmware(blob: bytes, suffix: str) -> Optional[bytes]:
+    """The file as the kernel loads it: .xz through lzma, .zst through Python's compression.zstd (3.14) or the
+    zstd program (Ubuntu's linux-firmware ships .zst; zstd is in every Ubuntu install, initramfs-tools needs it).
+    None when it cannot be read here: its release is then not known, never guessed."""
+    if not suffix:
+        return blob
+    if suffix == ".xz":
+        import lzma
+        try:
+            return lzma.LZMADecompressor().decompress(blob, max_length=MAX_FIRMWARE_BYTES)
+        except lzma.LZMAError:
+            return None
+    if suffix == ".zst":
+        try:
+            from compression import zstd  # type: ignore[import-not-found]  # Python >= 3.14
+        except ImportError:
+            zstd = None
+        if zstd is not None:
+            try:
+                return bytes(zstd.ZstdDecompressor().decompress(blob, max_length=MAX_FIRMWARE_BYTES))
+            except zstd.ZstdError:
+                return None
+        import shutil
+        import subprocess
+        program = shutil.which("zstd")
+        if program is None:
+            return None
+        try:
+            done = subprocess.run([program, "-dc", "-q"], input=blob, capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 and len(done.stdout) <= MAX_FIRMWARE_BYTES else None
+    return None
+
+
+def uc_release_version(name: str, blob: Optional[bytes]) -> Optional[str]:
+    """As the driver's parse_headers: a HuC is read as a CPD directory when it is one, else (and a GuC always) by
+    its CSS header."""
+    if "_huc" in name and is_cpd_blob(blob):
+        return parse_cpd_release_version(blob)
+    return parse_css_release_version(blob)
+
+
+def _firmware_files(root: str, kernel_release: Optional[str] = None) -> Dict[str, Any]:
+    """Each Battlemage uC file the kernel would load, found in the firmware loader's order, with the release its
+    header carries (compressed files decompressed as the kernel does)."""
+    directories = [directory.format(release=kernel_release) for directory in FIRMWARE_DIRS
+                   if kernel_release or "{release}" not in directory]
     files: Dict[str, Any] = {}
     for name in FIRMWARE_FILES:
-        entry: Dict[str, Any] = {"present": False, "file": None, "size_bytes": None, "release_version": None}
-        for suffix in FIRMWARE_SUFFIXES:
-            path = _path(root, "/lib/firmware/" + name + suffix)
-            if os.path.isfile(path):
-                entry.update(present=True, file=name + suffix, size_bytes=os.path.getsize(path))
-                if not suffix:
-                    blob = _read_bytes(path)
-                    # As the driver's parse_headers: a HuC is read as a CPD directory when it is one, else (and a
-                    # GuC always) by its CSS header.
-                    if "_huc" in name and is_cpd_blob(blob):
-                        entry["release_version"] = parse_cpd_release_version(blob)
-                    else:
-                        entry["release_version"] = parse_css_release_version(blob)
-                break
+        entry: Dict[str, Any] = {"present": False, "file": None, "path": None, "size_bytes": None,
+                                 "release_version": None}
+        found = next(((directory, suffix) for suffix in FIRMWARE_SUFFIXES for directory in directories
+                      if os.path.isfile(_path(root, "%s/%s%s" % (directory, name, suffix)))), None)
+        if found is not None:
+            directory, suffix = found
+            path = _path(root, "%s/%s%s" % (directory, name, suffix))
+            entry.update(present=True, file=name + suffix, path="%s/%s%s" % (directory, name, suffix),
+                         size_bytes=os.path.getsize(path))
+            blob = _read_bytes(path)
+            plain = decompress_firmware(blob, suffix) if blob is not None else None
+            entry["release_version"] = uc_release_version(name, plain)
         files[name] = entry
     return files
 
@@ -713,12 +765,13 @@ def collect_facts(root: str = "/", free_space_of: Optional[str] = None) -> Dict[
     count_by_model: Dict[str, int] = {}
     for gpu in discrete:
         count_by_model[gpu["model"]] = count_by_model.get(gpu["model"], 0) + 1
-    firmware_files = _firmware_files(root)
+    kernel_release = _read_text(_path(root, "/proc/sys/kernel/osrelease"))
+    firmware_files = _firmware_files(root, kernel_release.strip() if kernel_release else None)
     ram_total_bytes = parse_meminfo_total_bytes(_read_text(_path(root, "/proc/meminfo")))
     facts: Dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "root": root,
-        "kernel_release": _read_text(_path(root, "/proc/sys/kernel/osrelease")),
+        "kernel_release": kernel_release,
         "ram_total_bytes": ram_total_bytes,
         "ram_total_gib": round(ram_total_bytes / 1024 ** 3, 2) if ram_total_bytes else None,
         "xe_module_loaded": os.path.isdir(_path(root, "/sys/module/xe")),

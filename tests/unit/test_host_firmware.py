@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
@@ -65,9 +67,22 @@ def test_guc_70_58_0_is_refused_with_newer_linux_firmware_as_the_fix(tmp_path):
     result = host_fit(load_recipe("dspark-int4-tp1"), collect_facts(str(root)))
     assert not result.fits and not result.firmware.fits
     reason = result.firmware.reason
-    assert "GuC 70.58.0 loaded" in reason and "Fault response: Unsuccessful -ENOENT" in reason
+    assert "loaded GuC 70.58.0" in reason and "Fault response: Unsuccessful -ENOENT" in reason
     assert "intel/compute-runtime #948, vllm-project/vllm #55425" in reason
-    assert "70.65.0 and 70.72.1 cleared them: install a newer linux-firmware" in reason and "\n" not in reason
+    assert "70.65.0 and 70.72.1 cleared them: install a firmware with GuC 70.72.1 or newer" in reason
+    assert "\n" not in reason
+
+
+# docs/facts.md (Hardware): "GuC 70.54+ recommended": the floor. Below it the card is refused, at it it is not.
+@pytest.mark.parametrize(("release", "refused"), [("70.40.2", True), ("70.53.9", True), ("70.54.0", False),
+                                                  ("70.72.1", False), ("71.0.0", False)])
+def test_the_guc_floor_is_70_54(tmp_path, release: str, refused: bool) -> None:
+    root = _tree(tmp_path)
+    _set_guc(root, release)
+    result = host_fit(load_recipe("dspark-int4-tp1"), collect_facts(str(root)))
+    assert result.firmware is not None and result.firmware.fits is not refused, result.firmware
+    if refused:
+        assert f"GuC {release} is below the B70 floor 70.54.0" in result.firmware.reason
 
 
 def test_guc_70_65_0_passes(tmp_path):

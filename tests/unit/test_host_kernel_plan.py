@@ -68,13 +68,19 @@ def test_cpu_recipes_and_hosts_without_the_cards_need_nothing(tmp_path) -> None:
     assert not plan.needed and "a kernel adds no card" in plan.reason
 
 
-def test_a_broken_guc_gets_the_firmware_only(tmp_path) -> None:
+def test_a_broken_guc_loaded_with_a_good_one_on_disk_gets_a_reboot_only(tmp_path) -> None:
+    """The tree's bmg_guc_70.bin carries 70.54.0 while the driver runs 70.58.0 (firmware updated, not rebooted
+    yet): no package brings anything, a reboot loads the file. tests/unit/test_firmware_blobs.py has the rest,
+    on real blobs."""
     root = Path(build_tree(tmp_path, "b70x2-switch"))
     for info in root.glob("sys/kernel/debug/dri/*/gt*/uc/guc_info"):
         info.write_text(info.read_text().replace("found release version 70.54.0", "found release version 70.58.0"))
-    plan = kernel_plan(load_recipe(RECIPE), collect_facts(str(root)), "Ubuntu", "noble")
-    assert plan.needed and plan.packages == ["linux-firmware"]
+    facts = collect_facts(str(root))
+    assert facts["firmware_files"]["xe/bmg_guc_70.bin"]["release_version"] == "70.54.0"
+    plan = kernel_plan(load_recipe(RECIPE), facts, "Ubuntu", "noble")
+    assert plan.needed and plan.reboot_required and plan.packages == []
     assert "loaded GuC 70.58.0" in plan.reason and "intel/compute-runtime #948" in plan.reason
+    assert "/lib/firmware/xe/bmg_guc_70.bin carries GuC 70.54.0: a reboot loads it" in plan.reason
 
 
 def test_unbound_gpus_under_the_releases_kernel_are_not_rebooted_again(tmp_path) -> None:

@@ -1,7 +1,8 @@
 """GPU firmware and PCI BAR a recipe refuses to start on, read from the host's facts (facts.py: the GuC release the
 driver loaded, from debugfs; BAR 2's size, from the PCI device's sysfs `resource` file).
 
-- GuC 70.58.0 is implicated in `Engine reset ... ccs/bcs` and `Fault response: Unsuccessful -ENOENT` under load;
+- GuC releases below 70.54 are below the B70 floor (docs/facts.md, Hardware), and 70.58.0 is implicated in
+  `Engine reset ... ccs/bcs` and `Fault response: Unsuccessful -ENOENT` under load;
   70.65.0 and 70.72.1 cleared them (intel/compute-runtime #948, vllm-project/vllm #55425; docs/facts.md, Field
   reports). The fix is a newer linux-firmware.
 - BAR 2 is the VRAM aperture of Intel discrete GPUs. With Resizable BAR off it stays 256 MiB of a 32 GB card
@@ -20,6 +21,25 @@ MIB = 1024 ** 2
 # GuC releases with field reports of engine resets and page-fault storms, and the threads that report them.
 GUC_BROKEN = {"70.58.0": "intel/compute-runtime #948, vllm-project/vllm #55425"}
 GUC_CLEARED = ("70.65.0", "70.72.1")
+# The B70 floor: docs/facts.md, Hardware ("GuC 70.54+ recommended"; facts.py GUC_RECOMMENDED warns below it).
+GUC_FLOOR = (70, 54, 0)
+
+
+def guc_refusal(release: str | None) -> str | None:
+    """Why a GuC release is refused on a B70 (below the floor, or one the field shows resetting engines), or None:
+    an unknown or unreadable release is not refused, since nothing is known against it."""
+    if release is None:
+        return None
+    if release in GUC_BROKEN:
+        return (f"GuC {release} resets engines and faults (\"Fault response: Unsuccessful -ENOENT\") under load "
+                f"({GUC_BROKEN[release]}); {' and '.join(GUC_CLEARED)} cleared them")
+    try:
+        parts = tuple(int(part) for part in release.split("."))
+    except ValueError:
+        return None
+    if parts < GUC_FLOOR:
+        return f"GuC {release} is below the B70 floor {'.'.join(map(str, GUC_FLOOR))} (docs/facts.md, Hardware)"
+    return None
 
 
 class FirmwareFit(Fit):
@@ -36,10 +56,10 @@ def firmware_fit(recipe: Recipe, facts: dict[str, Any]) -> FirmwareFit:
     bar_mib = [bar["vram_bar_bytes"] // MIB if isinstance(bar.get("vram_bar_bytes"), int) else None for bar in bars]
     problems: list[str] = []
     for gpu, release in zip(gpus, releases):
-        if release in GUC_BROKEN:
-            problems.append(f"GPU {gpu.get('pci_address')}: GuC {release} loaded, which resets engines and faults "
-                            f"(\"Fault response: Unsuccessful -ENOENT\") under load ({GUC_BROKEN[release]}); "
-                            f"{' and '.join(GUC_CLEARED)} cleared them: install a newer linux-firmware and reboot")
+        refusal = guc_refusal(release)
+        if refusal is not None:
+            problems.append(f"GPU {gpu.get('pci_address')}: loaded {refusal}: install a firmware with GuC "
+                            f"{GUC_CLEARED[-1]} or newer and reboot (b70ctl host kernel-plan says how)")
     for gpu, bar, mib in zip(gpus, bars, bar_mib):
         if bar.get("resizable_bar") in ("small", "partial"):
             vram = gpu.get("vram_bytes")

@@ -154,7 +154,7 @@ def play_fit(host: PlayHost, recipe: Recipe, matrix: ReleaseMatrix) -> HostFit:
     fit = host_fit(recipe, facts, gpus_required=host.gpus,
                    kernel_plan_needed=plan.needed, matrix=matrix)
     settings_reasons = [] if settings.fits else [settings.reason]
-    reasons = [release.reason] if not release.fits else fit.reasons
-    return fit.model_copy(update={"fits": not (settings_reasons or not release.fits or not fit.fits),
+    reasons = [release.reason] if not release.fits else fit.reasons + ([plan.refused] if plan.refused else [])
+    return fit.model_copy(update={"fits": not (settings_reasons or not release.fits or not fit.fits or plan.refused),
                                   "reasons": settings_reasons + reasons, "settings": settings, "release": release,
                                   "kernel_plan": plan})

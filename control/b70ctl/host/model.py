@@ -147,7 +147,10 @@ class FactsGpu(_Facts):
 class FirmwareFile(_Facts):
     present: bool = False
     file: str | None = None
-    release_version: str | None = None
+    path: str | None = Field(None, description="Where the kernel's firmware loader finds it first (facts.py "
+                                               "FIRMWARE_DIRS), /lib/firmware/updates before /lib/firmware")
+    release_version: str | None = Field(None, description="The release its header carries (compressed files read "
+                                                          "decompressed); null when not readable here")
 
 
 class FreeSpace(_Facts):

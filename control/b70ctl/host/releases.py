@@ -27,11 +27,20 @@ from b70ctl.files import load_yaml_unique, read_yaml_mapping
 DATA_FILE = "releases.yaml"
 
 
+class GucRecord(_Model):
+    """The GuC release a firmware package carries, and where that was read: from the blob's header when the package
+    could be fetched and read, else the field report that names it."""
+
+    release: str = Field(pattern=r"^\d+\.\d+\.\d+$")
+    read_from: str = Field(min_length=1)
+
+
 class PackageFrom(_Model):
     package: str | None = None
     packages: list[str] = Field(default_factory=list, description="Several packages of one family (gpu_runtime)")
     source: str = Field(description="The key of the matrix's indexes this package family is read from")
     series: str | None = Field(None, description="Kernel series the package brings (kernel only), e.g. 6.17")
+    guc: GucRecord | None = Field(None, description="Firmware only: the GuC its xe/bmg_guc_70.bin carries, when known")
 
     @property
     def names(self) -> list[str]:

@@ -1,0 +1,151 @@
+"""The GuC header reader on real Battlemage firmware, and the kernel plan a stock host gets from it.
+
+The blobs are Debian's: firmware-intel-graphics from the non-free-firmware component of deb.debian.org (a registry
+this machine reaches), each .deb fetched once into the user's cache and checked against the sha256 its Packages
+index gives (trixie and sid, read 2026-12-05). Their xe/bmg_guc_70.bin carry GuC 70.40.2 (20250410) and 70.72.1
+(20260916): one below the B70 floor, one the release that cleared the 70.58.0 resets (vllm-project/vllm #55425).
+They are put in a host tree plain, .xz and .zst (Ubuntu's linux-firmware ships .zst), in /lib/firmware and in
+/lib/firmware/updates, where the kernel's firmware loader looks first (drivers/base/firmware_loader/main.c fw_path[],
+plain before .zst before .xz).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from b70ctl.embedded import default_cache_dir
+from b70ctl.host.fit import PlayHost, play_fit
+from b70ctl.host.kernel import kernel_plan
+from b70ctl.host.releases import load_matrix
+from b70ctl.recipes import load_recipe
+from b70host.facts import collect_facts
+from sysfs_trees import build_tree
+
+POOL = "http://deb.debian.org/debian/pool/non-free-firmware/f/firmware-nonfree/"
+# (file, sha256 from dists/<suite>/non-free-firmware/binary-all/Packages.xz, the GuC its bmg_guc_70.bin carries)
+BLOBS = {
+    "20250410": ("firmware-intel-graphics_20250410-2_all.deb",
+                 "253d624068b361cfbc43c88b64ec0904fd14de1b704f89bdbe457a2e7edba2dc", "70.40.2"),
+    "20260916": ("firmware-intel-graphics_20260916-1_all.deb",
+                 "d3ae96acf5a73877806883b48356ddef272633c114e36099652d63a1fb01dfc7", "70.72.1"),
+}
+GUC = "xe/bmg_guc_70.bin"
+RECIPE = "pr620-fp8-tp2"
+
+
+@pytest.fixture(scope="module")
+def guc_blobs() -> dict[str, bytes]:
+    """{snapshot: the bmg_guc_70.bin its package installs}."""
+    cache = default_cache_dir() / "debs"
+    cache.mkdir(parents=True, exist_ok=True)
+    blobs = {}
+    for snapshot, (name, sha256, _) in BLOBS.items():
+        deb = cache / name
+        if not deb.exists() or hashlib.sha256(deb.read_bytes()).hexdigest() != sha256:
+            partial = deb.with_suffix(".partial")
+            with urllib.request.urlopen(POOL + name, timeout=120) as response, partial.open("wb") as out:
+                shutil.copyfileobj(response, out)
+            assert hashlib.sha256(partial.read_bytes()).hexdigest() == sha256, f"{name}: not the indexed package"
+            partial.rename(deb)
+        listing = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+        blob = subprocess.run(["tar", "-xO", f"./usr/lib/firmware/{GUC}"], input=listing, capture_output=True,
+                              check=True).stdout
+        blobs[snapshot] = blob
+    return blobs
+
+
+def compressed(blob: bytes, suffix: str) -> bytes:
+    if suffix == "":
+        return blob
+    program = {".xz": ["xz", "-c", "--check=crc32"], ".zst": ["zstd", "-c", "-q"]}[suffix]
+    assert shutil.which(program[0]), f"{program[0]} is needed to write the {suffix} form Ubuntu ships"
+    return subprocess.run(program, input=blob, capture_output=True, check=True).stdout
+
+
+def host_tree(tmp_path: Path, loaded: str) -> Path:
+    """The dual-B70 tree with its GuC files removed and debugfs saying the driver loaded `loaded`."""
+    root = Path(build_tree(tmp_path, "b70x2-switch"))
+    for stale in (root / "lib" / "firmware" / "xe").glob("bmg_guc_70.bin*"):
+        stale.unlink()
+    for info in root.glob("sys/kernel/debug/dri/*/gt*/uc/guc_info"):
+        lines = [f"\tfound release version {loaded}" if "found release version" in line else line
+                 for line in info.read_text().splitlines()]
+        info.write_text("\n".join(lines) + "\n")
+    return root
+
+
+def install(root: Path, directory: str, blob: bytes, suffix: str) -> None:
+    target = root / directory.lstrip("/") / (GUC + suffix)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(compressed(blob, suffix))
+
+
+@pytest.mark.parametrize("suffix", ["", ".xz", ".zst"])
+@pytest.mark.parametrize("snapshot", sorted(BLOBS))
+def test_the_header_reader_gives_each_real_blobs_guc_in_every_form_packages_ship(
+        guc_blobs, tmp_path: Path, snapshot: str, suffix: str) -> None:
+    root = host_tree(tmp_path, "70.54.0")
+    install(root, "/lib/firmware", guc_blobs[snapshot], suffix)
+    entry = collect_facts(str(root))["firmware_files"][GUC]
+    assert (entry["present"], entry["file"], entry["path"]) == (True, GUC + suffix, f"/lib/firmware/{GUC}{suffix}")
+    assert entry["release_version"] == BLOBS[snapshot][2]
+
+
+def test_the_file_found_is_the_one_the_kernel_loads_first(guc_blobs, tmp_path: Path) -> None:
+    """updates/ before the plain directory, and a plain file anywhere before a compressed one."""
+    root = host_tree(tmp_path, "70.54.0")
+    release = (root / "proc/sys/kernel/osrelease").read_text().strip()
+    install(root, "/lib/firmware", guc_blobs["20250410"], ".zst")
+    install(root, "/lib/firmware/updates", guc_blobs["20260916"], ".zst")
+    entry = collect_facts(str(root))["firmware_files"][GUC]
+    assert (entry["path"], entry["release_version"]) == (f"/lib/firmware/updates/{GUC}.zst", "70.72.1")
+    install(root, f"/lib/firmware/{release}", guc_blobs["20250410"], "")
+    entry = collect_facts(str(root))["firmware_files"][GUC]
+    assert (entry["path"], entry["release_version"]) == (f"/lib/firmware/{release}/{GUC}", "70.40.2")
+
+
+def test_a_stock_26_04_host_is_never_rebooted_into_the_guc_it_refuses(guc_blobs, tmp_path: Path) -> None:
+    """The reboot loop: GuC 70.58.0 loaded, the archive's 20260319 firmware carries 70.58.0 too (releases.yaml,
+    from vllm-project/vllm #55425). Run by run: refused at preflight, nothing installed; the owner puts upstream's
+    blob in /lib/firmware/updates; a reboot alone is planned; after it, nothing."""
+    root = host_tree(tmp_path, "70.58.0")
+    install(root, "/lib/firmware", guc_blobs["20250410"], ".zst")  # a refused GuC on disk (below the floor)
+    recipe = load_recipe(RECIPE)
+    matrix = load_matrix()
+    assert matrix.find("resolute", "Ubuntu").firmware.guc.release == "70.58.0"
+
+    first = kernel_plan(recipe, collect_facts(str(root)), "Ubuntu", "resolute", matrix)
+    assert not first.needed and not first.reboot_required and first.packages == []
+    assert first.refused is not None and "a reboot into it would load the same GuC again" in first.refused
+    assert "/lib/firmware/updates/xe/" in first.refused and "\n" not in first.refused
+    fit = play_fit(PlayHost.model_validate({
+        "host": "b70-a", "recipe": RECIPE, "facts": collect_facts(str(root)), "gpus": 2, "distribution": "Ubuntu",
+        "codename": "resolute", "test_host": False, "test_host_distributions": [], "service_user": "b70",
+        "model_store_dir": "/var/lib/b70/models", "extra_env": {}}), recipe, matrix)
+    assert not fit.fits and first.refused in fit.reasons
+
+    install(root, "/lib/firmware/updates", guc_blobs["20260916"], ".zst")
+    second = kernel_plan(recipe, collect_facts(str(root)), "Ubuntu", "resolute", matrix)
+    assert second.needed and second.reboot_required and second.packages == [] and second.refused is None
+    assert f"/lib/firmware/updates/{GUC}.zst carries GuC 70.72.1: a reboot loads it" in second.reason
+
+    for info in root.glob("sys/kernel/debug/dri/*/gt*/uc/guc_info"):  # the reboot: the driver loads that file
+        info.write_text(info.read_text().replace("found release version 70.58.0", "found release version 70.72.1"))
+    third = kernel_plan(recipe, collect_facts(str(root)), "Ubuntu", "resolute", matrix)
+    assert not third.needed and third.refused is None
+
+
+def test_where_the_release_firmwares_guc_is_not_known_it_is_installed_and_said_so(guc_blobs, tmp_path) -> None:
+    """noble: the archive's firmware GuC is not recorded, so the package is installed and the plan says so."""
+    root = host_tree(tmp_path, "70.40.2")
+    install(root, "/lib/firmware", guc_blobs["20250410"], ".zst")
+    plan = kernel_plan(load_recipe(RECIPE), collect_facts(str(root)), "Ubuntu", "noble")
+    assert plan.needed and plan.packages == ["linux-firmware"] and plan.refused is None
+    assert "GuC 70.40.2 is below the B70 floor 70.54.0" in plan.reason
+    assert "linux-firmware carries GuC not known" in plan.reason
