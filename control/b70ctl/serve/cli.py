@@ -242,8 +242,8 @@ def units(
                                    ] = DEFAULT_NEO_CACHE_MAX_BYTES,
     systemd_dir: Annotated[str, typer.Option(help="Where the unit files go")] = SYSTEMD_DIR,
     rehearsal: Annotated[bool, typer.Option(
-        "--rehearsal", help="Render for a rehearsal (make rehearse): remove the options the recipe's overlay in "
-                            "serve/rehearsal.yaml lists, which vLLM's CPU build refuses; serve.json records it")
+        "--rehearsal", help="Render for a rehearsal (make rehearse): drop or reset the options the recipe's overlay "
+                            "in serve/rehearsal.yaml lists, which vLLM's CPU build cannot run; serve.json records it")
     ] = False,
     as_json: Annotated[bool, json_option("Print every unit's files as JSON (what the vllm_serve role writes)")
                        ] = False,

@@ -3,8 +3,8 @@
 A rehearsal starts a recipe's own units on a systemd test host whose cards are emulated, from the recipe's own
 image built on a stand-in base that carries vLLM's CPU build (images/standins/). Two things cannot be as on a B70
 host: the weights (tiny generated models stand in) and the options the CPU build refuses. Both are listed in one
-file, and `apply_overlay` is the only change a rehearsal makes to a render: it removes the listed options from the
-server's arguments and leaves the unit, its docker options, environment, entrypoint and image as they are.
+file, and `apply_overlay` is the only change a rehearsal makes to a render: it removes or resets the listed options
+of the server's arguments and leaves the unit, its docker options, environment, entrypoint and image as they are.
 """
 
 from __future__ import annotations
