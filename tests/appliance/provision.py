@@ -97,6 +97,9 @@ def write_inventory(path: Path, hosts: list[HostUnderTest], ssh_key: str, host_v
         "b70_gpu_root_prefix": FIXTURE_ROOT,
         # Their packages: real Debian .debs, locked by content from the machine's own apt sources (debianset.py).
         "b70_host_packages_lock": str(resolve_test_lock(path.parent)),
+        # The test matrix's gpu_runtime group is Debian's libze1 and gmmlib (Intel's libze-intel-gpu1 is Ubuntu's):
+        # the two intel_gpu keeps at exactly their locked build, as it keeps libze1 and libze-intel-gpu1 on Ubuntu.
+        "intel_gpu_hold": ["libze1", "libigdgmm12"],
         # The test hosts share this machine's cores: measured together, each host's decode rate would carry the
         # other's load and ratio claims (decode-follows-acceptance) drift toward 1.
         "replication_check_throttle": 1,

@@ -6,7 +6,7 @@ The host is Debian 12 (a container) provisioned under the test hosts' release ma
 (tests/fixtures/releases-testhosts.yaml), so `b70ctl host kernel-plan` names Debian's kernel (linux-image-amd64)
 and firmware (firmware-linux-free) from the emulated sysfs tree, and the install is the one a real host gets: the
 lock's real .debs, fetched through the controller cache, hash-checked on the host, installed by dpkg with the
-kernel's own postinst (it builds an initramfs), and held.
+kernel's own postinst (it builds an initramfs), and not held (security updates flow).
 
 What no container can do is boot that kernel. The reboot is the operator's (the play's own stop says to reboot),
 emulated as a container restart after which the machine shows its B70s bound to xe under a kernel that drives them
@@ -87,7 +87,7 @@ def test_a_kernel_that_cannot_drive_the_b70s_is_replaced_from_the_lock_and_the_p
         copied = remote.file(f"/var/cache/b70/debs/{name}_{pin['version'].split(':')[-1]}_{pin['architecture']}.deb")
         assert copied.sha256sum == pin["sha256"], name
     for name in ("linux-image-amd64", "firmware-linux-free"):
-        assert after[name][0] == "hi", name  # held at the locked version
+        assert after[name][0] == "ii", name  # not held: the kernel and firmware take their security updates
     # The kernel's own postinst ran: the image and the initramfs it built for that exact kernel.
     image = next(name for name in added if name.startswith("linux-image-") and name != "linux-image-amd64")
     release = image.removeprefix("linux-image-")

@@ -78,7 +78,7 @@ def _dpkg(remote) -> str:
                                "${Architecture}\\n'")
 
 
-def test_locked_packages_installed_by_content_and_held(host, provisioned) -> None:
+def test_locked_packages_installed_by_content_and_only_the_gpu_runtime_held(host, provisioned) -> None:
     _, remote = host
     locked = _locked(provisioned[0])
     installed = {name: (status, version) for status, name, version, _ in
@@ -90,9 +90,11 @@ def test_locked_packages_installed_by_content_and_held(host, provisioned) -> Non
             copied = remote.file(f"/var/cache/b70/debs/{pin['name']}_{pin['version'].split(':')[-1]}_"
                                  f"{pin['architecture']}.deb")
             assert copied.sha256sum == pin["sha256"], pin["name"]
-    for group in ("gpu_runtime", "container_engine"):
-        for name in locked["groups"][group]["requested"]:
-            assert installed[name][0] == "hi", name  # held
+    # Held: only the GPU runtime intel_gpu keeps exact (intel_gpu_hold). The engine takes security updates.
+    for name in locked["groups"]["gpu_runtime"]["requested"]:
+        assert installed[name][0] == "hi", name
+    for name in locked["groups"]["container_engine"]["requested"]:
+        assert installed[name][0] == "ii", name
     # No apt source or version pin of ours: the lock's files are the only source.
     assert not remote.file("/etc/apt/sources.list.d/b70-intel-graphics.sources").exists
     assert not remote.file("/etc/apt/preferences.d/b70-intel-graphics.pref").exists

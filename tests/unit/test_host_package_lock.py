@@ -242,7 +242,8 @@ def test_lock_check_names_the_host_and_each_package_that_drifted(tmp_path: Path,
     pins = {pin.name: pin for pin in load_debs_lock(lock).series[SERIES].packages}
     installed = "hi libze1 1.8.11-1 amd64\nii libc6 2.36-9 amd64\n"  # libigdgmm12 missing, libze1 moved
     result = b70ctl("lock", "check", "--host-packages", "--packages-lock", str(lock), "--series", SERIES,
-                    "--installed", "-", "--host", "b70-a", "--json", stdin=installed)
+                    "--installed", "-", "--host", "b70-a", "--hold", "libze1", "--hold", "libigdgmm12", "--json",
+                    stdin=installed)
     assert result.exit_code == 1
     report = json.loads(result.stdout)
     assert report["host"] == "b70-a" and not report["ok"]
@@ -251,6 +252,8 @@ def test_lock_check_names_the_host_and_each_package_that_drifted(tmp_path: Path,
     assert report["install_paths"] == sorted(f"/var/cache/b70/debs/{pin.filename}" for pin in pins.values())
     assert report["message"].startswith(f"b70-a: 2 package(s) differ from the lock for {SERIES}: ")
     assert report["hold"] == ["libigdgmm12"]  # libze1 is held already
+    # libze1 is held and 1.8.11-1 is below the lock: installed up to it, no downgrade.
+    assert report["downgrades"] == [] and report["unhold"] == []
 
 
 def test_an_unreachable_index_leaves_its_group_unresolved_and_fetch_refuses_it(tmp_path: Path) -> None:

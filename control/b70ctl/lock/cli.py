@@ -122,6 +122,13 @@ def check_command(
     installed: Annotated[Optional[str], typer.Option(
         "--installed", help="The host's dpkg-query --show output (FILE, or - for stdin), format "
                             "'${db:Status-Abbrev} ${Package} ${Version} ${Architecture}'")] = None,
+    host_state: Annotated[Optional[str], typer.Option(
+        "--host-state", help="Instead of --installed: a JSON object (FILE, or - for stdin) with 'dpkg' (that "
+                             "output) and 'apt_policy' (apt-cache policy of the packages newer than the lock)")]
+        = None,
+    hold: Annotated[Optional[list[str]], typer.Option(
+        "--hold", help="A package the host keeps at exactly its locked version (repeat); every other locked "
+                       "package takes its release's security and stable updates")] = None,
     host: Annotated[str, typer.Option("--host", help="Host name for the message")] = "host",
     host_dir: Annotated[str, typer.Option("--host-dir", help="Where the .debs go on the host (install paths)")]
         = "/var/cache/b70/debs",
@@ -139,9 +146,11 @@ def check_command(
     if host_packages:
         from b70ctl.lock.debs_cli import check_host_packages
 
-        if series is None or installed is None:
-            raise BadInput("--host-packages needs --series CODENAME and --installed FILE (or - for stdin)")
-        check_host_packages(series, group or [], installed, host, packages_lock, host_dir, as_json)
+        if series is None or (installed is None) == (host_state is None):
+            raise BadInput("--host-packages needs --series CODENAME and one of --installed FILE or --host-state "
+                           "FILE (- for stdin)")
+        check_host_packages(series, group or [], installed, host_state, hold or [], host, packages_lock, host_dir,
+                            as_json)
         return
     if recipe is None:
         raise BadInput("say what to check: --recipe NAME (models, image) or --host-packages (a host's packages)")

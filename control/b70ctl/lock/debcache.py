@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Literal
 
-from pydantic import ValidationError
+from debian.debian_support import version_compare
+from pydantic import Field, ValidationError
 
 from b70ctl.documents import Pinned as Strict
 from b70ctl.errors import BadInput, first_problem
@@ -217,6 +220,27 @@ class PackageDrift(Strict):
     name: str
     expected: str
     actual: str | None = None
+    kind: Literal["missing", "older", "newer", "different"] = Field(
+        "different", description="missing; older or newer than the lock; another version or architecture")
+    origin: str | None = Field(None, description="newer only: where the installed version comes from, when known")
+
+
+class PackageUpdate(Strict):
+    """A package newer than the lock from its release's own -security or -updates pocket: what Ubuntu publishes
+    for that release and unattended-upgrades installs. Not drift: the appliance takes it, never downgrades it."""
+
+    name: str
+    locked: str
+    installed: str
+    origin: str
+
+
+class HostPackageState(Strict):
+    """What the role reads on a host for `lock check --host-state`: dpkg's view, and apt's view of where the
+    installed versions of some packages come from (empty until the check asks for it)."""
+
+    dpkg: str = Field(description=f"dpkg-query --show --showformat='{DPKG_FORMAT}'")
+    apt_policy: str = Field("", description="apt-cache policy NAME... of the packages the check asked about")
 
 
 class PackageCheck(Strict):
@@ -226,7 +250,14 @@ class PackageCheck(Strict):
     ok: bool
     drift: list[PackageDrift]
     install_paths: list[str]  # the .debs (in the host directory) to install to match the lock
-    hold: list[str]  # requested packages not held yet (the ones installed now included)
+    hold: list[str]  # packages the role holds that are not held yet (the ones installed now included)
+    unhold: list[str] = Field(default_factory=list, description="Locked packages held on the host that the role "
+                              "no longer holds (an older release held them): apt-mark unhold")
+    downgrades: list[str] = Field(default_factory=list, description="Held packages installed above the lock: only "
+                                  "these are installed with --allow-downgrades")
+    updates: list[PackageUpdate] = Field(default_factory=list)
+    origin_unknown: list[str] = Field(default_factory=list, description="Newer than the lock, and where from is "
+                                      "not known yet: give `apt-cache policy` of these (--host-state)")
     message: str
 
 
@@ -247,30 +278,112 @@ def read_dpkg(text: str) -> dict[str, tuple[str, str, bool]]:
     return installed
 
 
+# apt-cache policy (apt's cmdline/apt-cache.cc Policy): "name:" at the margin, then "  Installed: V", then the
+# version table: " *** V PRIO" marks the installed version, and each of its origins follows indented as
+# "        PRIO URI SUITE/COMPONENT ARCH Packages" (or "        100 /var/lib/dpkg/status").
+_POLICY_PACKAGE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9+.-]+)(:[a-z0-9-]+)?:$")
+_POLICY_VERSION = re.compile(r"^ (\*\*\*| {3}) (?P<version>\S+) -?\d+$")
+_POLICY_ORIGIN = re.compile(r"^ {6,}-?\d+ (?P<uri>\S+) (?P<suite>[^/\s]+)(/\S+)? \S+ Packages$")
+
+
+def read_apt_policy(text: str) -> dict[str, list[tuple[str, str]]]:
+    """apt-cache policy output -> {name: [(suite, uri), ...]} for the installed version of each package named."""
+    origins: dict[str, list[tuple[str, str]]] = {}
+    name: str | None = None
+    in_installed = False
+    for line in text.splitlines():
+        if match := _POLICY_PACKAGE.match(line):
+            name, in_installed = match["name"], False
+            origins.setdefault(name, [])
+        elif name is not None and (match := _POLICY_VERSION.match(line)):
+            in_installed = line.startswith(" ***")
+        elif name is not None and in_installed and (match := _POLICY_ORIGIN.match(line)):
+            origins[name].append((match["suite"], match["uri"]))
+    return origins
+
+
+def update_pocket(codename: str, origins: list[tuple[str, str]], archives: set[str]) -> str | None:
+    """Where an installed version newer than the lock comes from, as "SUITE (URI)", when that is its release's own
+    updates: the -security or -updates pocket from any mirror (what unattended-upgrades' default Allowed-Origins,
+    ${distro_codename}-security, and Ubuntu's stable release updates publish), or the release suite itself from an
+    archive the lock was resolved from (Debian's point releases). None for anything else: a PPA's "noble" suite is
+    not Ubuntu's."""
+    for suite, uri in origins:
+        if suite in (f"{codename}-security", f"{codename}-updates") or \
+                (suite == codename and uri.rstrip("/") in archives):
+            return f"{suite} ({uri})"
+    return None
+
+
 def check_host(one: SeriesLock, groups: list[Group], dpkg_text: str, host: str, path: Path,
-               host_dir: str = "/var/cache/b70/debs") -> PackageCheck:
-    """Each locked package of the groups at its locked version and architecture, or drift. The requested ones
-    (not their dependencies) are held, so apt's upgrades leave them alone; a dependency an upgrade moved is drift
-    the next run puts back."""
+               host_dir: str = "/var/cache/b70/debs", hold: Iterable[str] = (),
+               apt_policy: str | None = None) -> PackageCheck:
+    """Each locked package of the groups against what the host has installed.
+
+    The locked version is a floor, except for the packages the role holds (`hold`: the ones the appliance needs
+    at exactly that version). Missing or older: installed from the lock. Newer: a held package is put back
+    (the only downgrade); any other is left as it is, and is no drift when apt says it came from the release's
+    own -security or -updates pocket (an update, as unattended-upgrades would install). Where it came from is
+    read from `apt_policy`; without it, the newer packages are listed in origin_unknown."""
     installed = read_dpkg(dpkg_text)
-    requested = {name for group in groups if group in one.groups for name in one.groups[group].requested}
+    pins = group_pins(one, groups, path)
+    held_names = set(hold)
+    unknown = sorted(held_names - {pin.name for pin in pins})
+    if unknown:
+        raise BadInput(f"--hold {unknown[0]}: not a locked package of {'/'.join(groups)} on {one.codename}: hold "
+                       "only packages the lock pins")
+    origins = read_apt_policy(apt_policy) if apt_policy else {}
+    archives = {index.url.split("/dists/", 1)[0].rstrip("/") for index in one.indexes}
     drift: list[PackageDrift] = []
     install: list[str] = []
-    hold: list[str] = []
-    for pin in group_pins(one, groups, path):
+    holds: list[str] = []
+    unhold: list[str] = []
+    downgrades: list[str] = []
+    updates: list[PackageUpdate] = []
+    origin_unknown: list[str] = []
+    for pin in pins:
         have = installed.get(pin.name)
-        if have is None or have[0] != pin.version or have[1] != pin.architecture:
-            drift.append(PackageDrift(name=pin.name, expected=f"{pin.version} {pin.architecture}",
-                                      actual=f"{have[0]} {have[1]}" if have else None))
+        exact = pin.name in held_names
+        expected = f"{pin.version} {pin.architecture}"
+        if have is not None and have[0] == pin.version and have[1] == pin.architecture:
+            pass
+        elif have is None or have[1] != pin.architecture or version_compare(have[0], pin.version) < 0:
+            kind: Literal["missing", "older", "newer", "different"] = (
+                "missing" if have is None else "different" if have[1] != pin.architecture else "older")
+            drift.append(PackageDrift(name=pin.name, expected=expected,
+                                      actual=f"{have[0]} {have[1]}" if have else None, kind=kind))
             install.append(f"{host_dir.rstrip('/')}/{pin.filename}")
-        if pin.name in requested and (have is None or not have[2]):
-            hold.append(pin.name)
+        elif exact:
+            drift.append(PackageDrift(name=pin.name, expected=expected, actual=f"{have[0]} {have[1]}", kind="newer"))
+            install.append(f"{host_dir.rstrip('/')}/{pin.filename}")
+            downgrades.append(pin.name)
+        elif apt_policy is None or pin.name not in origins:
+            origin_unknown.append(pin.name)
+        elif (pocket := update_pocket(one.codename, origins[pin.name], archives)) is not None:
+            updates.append(PackageUpdate(name=pin.name, locked=pin.version, installed=have[0], origin=pocket))
+        else:
+            elsewhere = ", ".join(f"{suite} ({uri})" for suite, uri in origins[pin.name]) or "no index (a local file)"
+            drift.append(PackageDrift(name=pin.name, expected=expected, actual=f"{have[0]} {have[1]}", kind="newer",
+                                      origin=elsewhere))
+        if exact and (have is None or not have[2]):
+            holds.append(pin.name)
+        if not exact and have is not None and have[2]:
+            unhold.append(pin.name)
+    parts = []
     if drift:
-        shown = ", ".join(f"{item.name} {item.actual or 'not installed'} (lock: {item.expected.split()[0]})"
+        shown = ", ".join(f"{item.name} {item.actual.split()[0] if item.actual else 'not installed'} "
+                          f"(lock: {item.expected.split()[0]}{', from ' + item.origin if item.origin else ''})"
                           for item in drift[:5])
         more = f" and {len(drift) - 5} more" if len(drift) > 5 else ""
-        message = f"{host}: {len(drift)} package(s) differ from the lock for {one.codename}: {shown}{more}"
-    else:
-        message = f"{host}: the {'/'.join(groups)} packages match the lock for {one.codename}"
-    return PackageCheck(host=host, series=one.codename, groups=groups, ok=not drift, drift=drift, install_paths=install,
-                        hold=hold, message=message)
+        parts.append(f"{len(drift)} package(s) differ from the lock for {one.codename}: {shown}{more}")
+    if origin_unknown:
+        parts.append(f"{len(origin_unknown)} newer than the lock, origin not read: {', '.join(origin_unknown)} "
+                     "(give apt-cache policy of them with --host-state)")
+    if not parts:
+        parts.append(f"the {'/'.join(groups)} packages match the lock for {one.codename}")
+    if updates:
+        parts.append(f"{len(updates)} security or stable update(s) kept: "
+                     + ", ".join(f"{item.name} {item.installed} from {item.origin.split()[0]}" for item in updates))
+    return PackageCheck(host=host, series=one.codename, groups=groups, ok=not drift and not origin_unknown,
+                        drift=drift, install_paths=install, hold=holds, unhold=unhold, downgrades=downgrades,
+                        updates=updates, origin_unknown=origin_unknown, message=f"{host}: " + "; ".join(parts))

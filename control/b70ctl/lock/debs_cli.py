@@ -16,6 +16,7 @@ from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, read_bounded, read_bounded_stdin, read_yaml_mapping
 from b70ctl.lock.debcache import (
     DEFAULT_LOCK,
+    HostPackageState,
     check_host,
     fetch_groups,
     http_get,
@@ -102,14 +103,25 @@ def fetch_host_packages(codename: str, cache: Path, groups: list[str], lock_path
         out.print(f"{codename}: {len(result.packages)} .deb(s) in {cache}, {result.downloaded} fetched now")
 
 
-def check_host_packages(codename: str, groups: list[str], installed: str, host: str, lock_path: Path | None,
-                        host_dir: str, as_json: bool) -> None:
+def check_host_packages(codename: str, groups: list[str], installed: str | None, host_state: str | None,
+                        hold: list[str], host: str, lock_path: Path | None, host_dir: str, as_json: bool) -> None:
     path = lock_path or DEFAULT_LOCK
     one = series_lock(load_debs_lock(path), codename, path)
-    fix = "give the output of dpkg-query --show on the host"
-    text = (read_bounded_stdin(MAX_DOCUMENT_BYTES, "stdin", fix) if installed == "-"
-            else read_bounded(installed, MAX_DOCUMENT_BYTES, installed, fix).decode("utf-8", "replace"))
-    report = check_host(one, _groups(groups, one), text, host, path, host_dir)
+    source = installed if installed is not None else host_state
+    assert source is not None
+    fix = ("give the output of dpkg-query --show on the host" if installed is not None else
+           'give {"dpkg": "<dpkg-query --show output>", "apt_policy": "<apt-cache policy output>"}')
+    text = (read_bounded_stdin(MAX_DOCUMENT_BYTES, "stdin", fix) if source == "-"
+            else read_bounded(source, MAX_DOCUMENT_BYTES, source, fix).decode("utf-8", "replace"))
+    apt_policy: str | None = None
+    if host_state is not None:
+        try:
+            state = HostPackageState.model_validate_json(text)
+        except ValidationError as error:
+            raise BadInput(f"--host-state {host_state}: not a host package state ({first_problem(error)}): {fix}") \
+                from None
+        text, apt_policy = state.dpkg, state.apt_policy
+    report = check_host(one, _groups(groups, one), text, host, path, host_dir, hold, apt_policy)
     if as_json:
         _print_json(report.model_dump(mode="json"))
     else:
