@@ -21,6 +21,9 @@ B70CTL = str(Path(sys.executable).with_name("b70ctl"))
 GIB = 2**30
 TESTHOSTS_MATRIX = REPO / "tests" / "fixtures" / "releases-testhosts.yaml"
 NOBLE = {"distribution": "Ubuntu", "codename": "noble"}
+# 26.04: the shipped host package lock resolves every group there (noble's GPU runtime comes from a PPA the lock could
+# not read): the release for verdicts that are not about the lock.
+RESOLUTE = {"distribution": "Ubuntu", "codename": "resolute"}
 # The inventory's settings as the b70 role's defaults give them.
 SETTINGS = {"service_user": "b70", "model_store_dir": "/var/lib/b70/models"}
 
@@ -42,7 +45,7 @@ def test_each_host_of_the_play_gets_every_verdict(tmp_path: Path) -> None:
     hosts = [
         # One B70 on a 64 GB host, but 10 GiB free where the models go.
         {"host": "small-disk", "recipe": "dspark-int4-tp1", "facts": free(igpu, 10), "gpus": 1,
-         **NOBLE, **SETTINGS},
+         **RESOLUTE, **SETTINGS},
         # Cards without xe under 24.04's GA kernel 6.8: the plan brings the HWE kernel that binds them, so the
         # binding, firmware and kernel verdicts wait for it.
         {"host": "pending", "recipe": "pr620-fp8-tp2", "facts": free(unbound, 500), "gpus": 2,
@@ -50,7 +53,7 @@ def test_each_host_of_the_play_gets_every_verdict(tmp_path: Path) -> None:
         # The same host on a release past its end of life: nothing else is judged.
         {"host": "eol", "recipe": "pr620-fp8-tp2", "facts": free(unbound, 500), "gpus": 2,
          "distribution": "Ubuntu", "codename": "oracular", **SETTINGS},
-        {"host": "cpu", "recipe": "cpu-tiny", "facts": free(igpu, 500), "gpus": 0, **NOBLE, **SETTINGS},
+        {"host": "cpu", "recipe": "cpu-tiny", "facts": free(igpu, 500), "gpus": 0, **RESOLUTE, **SETTINGS},
     ]
     result = fit(hosts, "--json")
     assert result.returncode == 1, result.stderr
@@ -60,15 +63,24 @@ def test_each_host_of_the_play_gets_every_verdict(tmp_path: Path) -> None:
                                              "free space there, or set b70_model_store_dir to a larger filesystem"]
     assert not fits["small-disk"]["kernel_plan"]["needed"] and fits["small-disk"]["release"]["fits"]
     pending = fits["pending"]
-    assert pending["fits"] and pending["kernel"] is None and pending["firmware"] is None, pending["reasons"]
+    assert pending["kernel"] is None and pending["firmware"] is None, pending["reasons"]
     assert pending["kernel_plan"]["needed"] and pending["kernel_plan"]["packages"][0] == "linux-generic-hwe-24.04"
+    # ...but the shipped lock cannot install noble's GPU runtime (the PPA was unreachable where it was resolved):
+    # decided here, before host_kernel installs and reboots, with the one command to run.
+    assert not pending["fits"] and pending["reasons"] == [pending["packages"]["reason"]]
+    assert pending["packages"]["reason"].startswith("noble: the host package lock cannot install gpu_runtime "
+                                                    "(kobuk-team-ppa: https://ppa.launchpadcontent.net/kobuk-team/")
+    assert pending["packages"]["reason"].endswith(
+        "run `b70ctl lock resolve --host-packages --series noble` on a controller that reaches those indexes, keep "
+        "the lock it writes (b70_host_packages_lock), and run the play again")
+    assert fits["small-disk"]["packages"]["fits"]  # resolute: every group resolved
     assert pending["gpus"]["usable_gpu_count"] == 2
     assert not fits["eol"]["fits"] and len(fits["eol"]["reasons"]) == 1
     assert "oracular" in fits["eol"]["reasons"][0].lower()
     assert fits["cpu"]["fits"] and fits["cpu"]["reasons"] == []
     people = fit(hosts)
     assert people.returncode == 1 and people.stdout.splitlines()[0].startswith("FAIL small-disk: 10.0 GiB free")
-    assert "ok pending: recipe pr620-fp8-tp2 fits" in people.stdout
+    assert "FAIL pending: noble: the host package lock cannot install gpu_runtime" in people.stdout
 
 
 def test_the_disk_verdict_reads_the_free_space_the_facts_script_measured(tmp_path: Path) -> None:
@@ -79,7 +91,7 @@ def test_the_disk_verdict_reads_the_free_space_the_facts_script_measured(tmp_pat
                            capture_output=True, text=True, check=True)
     facts = json.loads(piped.stdout)
     facts["free_space"]["free_bytes"] = 12 * GIB  # what this machine has free is not the point; the path it takes is
-    host = {"host": "h", "recipe": "dspark-int4-tp1", "facts": facts, "gpus": 1, **NOBLE, **SETTINGS}
+    host = {"host": "h", "recipe": "dspark-int4-tp1", "facts": facts, "gpus": 1, **RESOLUTE, **SETTINGS}
     fitted = json.loads(fit([host], "--json").stdout)["h"]
     assert fitted["disk"]["reason"].startswith("12.0 GiB free for the model store, recipe dspark-int4-tp1 needs 40 GiB")
     assert not fitted["fits"]
@@ -94,7 +106,7 @@ def test_settings_that_would_break_a_unit_mount_or_env_file_are_refused_before_a
     environment-file lines: each is judged by the rule of what it is written into (the same rules `serve units`
     applies), and first: even a host on a release past its end of life names them."""
     facts = free(collect_facts(build_tree(tmp_path, "no-intel-gpu")), 500)
-    base = {"recipe": "cpu-tiny", "facts": facts, "gpus": 0, **NOBLE, **SETTINGS}
+    base = {"recipe": "cpu-tiny", "facts": facts, "gpus": 0, **RESOLUTE, **SETTINGS}
     cases = {
         "quote-in-user": {"service_user": "b7'0"},
         "newline-in-store": {"model_store_dir": "/var/lib/b70\nExecStartPre=+/bin/sh"},
@@ -133,7 +145,7 @@ def test_fewer_gpus_in_the_inventory_than_the_recipes_tensor_parallel_size_is_re
     """b70_gpus below the recipe's TP size: refused even on a host with the cards (vLLM would be started on one card
     with --tensor-parallel-size 2). A CPU recipe asks for none, whatever b70_gpus says."""
     two_b70 = collect_facts(build_tree(tmp_path, "b70x2-switch"))
-    hosts = [{"host": name, "recipe": recipe, "facts": free(two_b70, 500), "gpus": gpus, **NOBLE, **SETTINGS}
+    hosts = [{"host": name, "recipe": recipe, "facts": free(two_b70, 500), "gpus": gpus, **RESOLUTE, **SETTINGS}
              for name, recipe, gpus in [("one", "pr620-fp8-tp2", 1), ("two", "pr620-fp8-tp2", 2),
                                         ("cpu", "cpu-tiny", 1)]]
     fits = json.loads(fit(hosts, "--json").stdout)
@@ -151,7 +163,12 @@ def test_a_test_hosts_debian_is_accepted_only_on_a_test_host(tmp_path: Path) -> 
             "test_host_distributions": ["Debian"], **SETTINGS}
     # Debian's own matrix plans the kernel that binds the cards (what host_kernel's appliance test installs).
     accepted = json.loads(fit([{**host, "test_host": True}], "--releases", str(TESTHOSTS_MATRIX), "--json").stdout)
-    assert accepted["b70-app-4"]["fits"] and accepted["b70-app-4"]["kernel_plan"]["needed"]
+    assert accepted["b70-app-4"]["release"]["fits"] and accepted["b70-app-4"]["kernel_plan"]["needed"]
+    # The appliance's own lock has no Debian packages (the appliance tests resolve one: tests/appliance/debianset.py).
+    assert accepted["b70-app-4"]["reasons"] == [
+        "the host package lock has no packages for bookworm: run `b70ctl lock resolve --host-packages --series "
+        "bookworm` on a controller that reaches those indexes, keep the lock it writes (b70_host_packages_lock), and "
+        "run the play again"]
     refused = fit([host], "--json")
     assert refused.returncode == 1
     reason = json.loads(refused.stdout)["b70-app-4"]["reasons"]
@@ -163,7 +180,9 @@ def test_the_b70_role_hands_over_exactly_a_play_host() -> None:
     handed = next(task for task in tasks if task["name"] == "Name what the fit needs of this host")
     assert set(handed["ansible.builtin.set_fact"]["b70_host_fit_input"]) == set(PlayHost.model_fields)
     call = next(task for task in tasks if task["name"] == "Fit every host of the play")
-    assert call["ansible.builtin.command"]["argv"][1:5] == ["host", "fit", "--hosts", "-"]
+    argv = call["ansible.builtin.command"]["argv"]
+    assert "[b70_ctl, 'host', 'fit', '--hosts', '-', '--releases', b70_release_matrix, '--json']" in argv
+    assert "['--packages-lock', b70_host_packages_lock] if b70_host_packages_lock" in argv
 
 
 @pytest.mark.parametrize(("args", "stdin", "named"), [
@@ -194,7 +213,7 @@ def test_a_kernel_older_than_the_recipes_names_each_releases_kernel_package(tmp_
     archive: the 24.04 HWE meta-package, 26.04's linux-generic)."""
     facts = collect_facts(build_tree(tmp_path, "no-intel-gpu"))
     result = fit([{"host": "h", "recipe": "pr620-fp8-tp2", "facts": free(facts, 500), "gpus": 2,
-                   **NOBLE, **SETTINGS}], "--json")
+                   **RESOLUTE, **SETTINGS}], "--json")
     fitted = json.loads(result.stdout)["h"]
     assert not fitted["kernel_plan"]["needed"]
     assert fitted["kernel"]["reason"] == (

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.host.fit import HostFit, PlayHost, host_fit, play_fit
+from b70ctl.host.fit import HostFit, LockedGroups, PlayHost, host_fit, play_fit
 from b70ctl.host.memory import KV_CACHE_GIB_MIN
 from b70ctl.host.model import load_facts
 from b70ctl.options import JsonOption, json_option
@@ -218,6 +218,9 @@ def fit_command(
                         "(- reads stdin); prints {host: fit}, each with its kernel plan (preflight's one call)")] =
         None,
     releases: ReleasesOption = None,
+    packages_lock: Annotated[Path | None, typer.Option(
+        "--packages-lock", help="With --hosts: the host package lock the play installs from (default: the "
+                                "appliance's own); a group it cannot install stops the host here")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Does the recipe fit this host: GPU count and binding, per-card VRAM budget, host RAM, firmware, kernel, and
@@ -227,7 +230,7 @@ def fit_command(
         if recipe is not None or recipe_argument is not None or facts is not None or free_space_of is not None:
             raise BadInput("--hosts names each host's recipe and facts: give it without --recipe, --facts and "
                            "--free-space-of")
-        fits = fit_play(hosts, releases)
+        fits = fit_play(hosts, releases, packages_lock)
         if as_json:
             _print_json({name: fit.model_dump(mode="json") for name, fit in fits.items()})
         else:
@@ -272,8 +275,9 @@ def fit_command(
         raise typer.Exit(1)
 
 
-def fit_play(source: str, releases: str | None) -> dict[str, HostFit]:
-    """{host: HostFit} for preflight's list of play hosts; each distinct recipe is loaded once."""
+def fit_play(source: str, releases: str | None, packages_lock: Path | None = None) -> dict[str, HostFit]:
+    """{host: HostFit} for preflight's list of play hosts; each distinct recipe is loaded once, and the host package
+    lock once."""
     from pydantic import TypeAdapter, ValidationError
 
     from b70ctl.files import read_bounded, read_bounded_stdin
@@ -290,7 +294,13 @@ def fit_play(source: str, releases: str | None) -> dict[str, HostFit]:
         raise BadInput(f"{where}: {first_problem(error)}: {fix}") from error
     recipes = {name: load_recipe(name) for name in dict.fromkeys(host.recipe for host in play)}
     matrix = load_matrix(releases)
-    return {host.host: play_fit(host, recipes[host.recipe], matrix) for host in play}
+    from b70ctl.lock.debcache import DEFAULT_LOCK, load_debs_lock
+
+    lock = load_debs_lock(packages_lock or DEFAULT_LOCK)
+    locked: LockedGroups = {codename: {str(group): None if one.resolved else (one.reason or "not resolved")
+                                       for group, one in series.groups.items()}
+                            for codename, series in lock.series.items()}
+    return {host.host: play_fit(host, recipes[host.recipe], matrix, locked) for host in play}
 
 
 @app.command("environment")

@@ -40,6 +40,8 @@ class HostFit(Pinned):
     settings: Fit | None = Field(None, description="With --hosts: the inventory's settings against the rules of the "
                                                   "unit files, mounts and environment files they are written into")
     release: Fit | None = Field(None, description="With --hosts: the host's release against the release matrix")
+    packages: Fit | None = Field(None, description="With --hosts: the host package lock has every group the play "
+                                                   "installs on this host")
     kernel_plan: KernelPlan | None = Field(None, description="With --hosts: what the host_kernel role installs first")
 
 
@@ -60,6 +62,11 @@ class PlayHost(Document):
     model_store_dir: str = Field(description="b70_model_store_dir: mounted into the serving containers")
     extra_env: dict[str, Any] = Field(default_factory=dict,
                                       description="vllm_serve_extra_env: lines of the units' environment files")
+    manage_gpu: bool = Field(True, description="b70_manage_intel_gpu: the play installs the GPU runtime")
+
+
+# What the host package lock says of each release's groups: {codename: {group: None when resolved, else why not}}.
+LockedGroups = dict[str, dict[str, str | None]]
 
 
 def settings_fit(host: PlayHost) -> Fit:
@@ -144,17 +151,40 @@ def release_fit(host: PlayHost, matrix: ReleaseMatrix) -> Fit:
                                                      "true)" if accepted else ""))
 
 
-def play_fit(host: PlayHost, recipe: Recipe, matrix: ReleaseMatrix) -> HostFit:
+def packages_fit(host: PlayHost, locked: LockedGroups, kernel_needed: bool) -> Fit:
+    """Every package group the play will install on this host is in the host package lock, resolved. Judged here,
+    before anything is installed or rebooted: a group found unresolved later stops a host half-provisioned."""
+    wanted = (["kernel"] if kernel_needed else []) + (["gpu_runtime"] if host.manage_gpu else []) + \
+        ["container_engine"]
+    fix = (f"run `b70ctl lock resolve --host-packages --series {host.codename}` on a controller that reaches "
+           "those indexes, keep the lock it writes (b70_host_packages_lock), and run the play again")
+    groups = locked.get(host.codename)
+    if groups is None:
+        return Fit(fits=False, reason=f"the host package lock has no packages for {host.codename}: {fix}")
+    problems = [f"{group} ({groups[group] or 'not resolved'})" if group in groups else f"{group} (not in the lock)"
+                for group in wanted if group not in groups or groups[group] is not None]
+    if problems:
+        return Fit(fits=False, reason=f"{host.codename}: the host package lock cannot install "
+                                      f"{'; '.join(problems)}: it was resolved where that source could not be "
+                                      f"read, and nothing here can install those packages: {fix}")
+    return Fit(fits=True, reason=f"{host.codename}: the host package lock has {', '.join(wanted)}")
+
+
+def play_fit(host: PlayHost, recipe: Recipe, matrix: ReleaseMatrix, locked: LockedGroups | None = None) -> HostFit:
     """One host of a play: its release first (on a release the appliance does not provision, nothing else is
-    judged), then the kernel plan and every verdict of host_fit."""
+    judged), then the kernel plan, the host package lock (when given) and every verdict of host_fit."""
     settings = settings_fit(host)
     release = release_fit(host, matrix)
     facts = host.facts.model_dump()
     plan = kernel_plan(recipe, facts, host.distribution, host.codename, matrix)
     fit = host_fit(recipe, facts, gpus_required=host.gpus,
                    kernel_plan_needed=plan.needed, matrix=matrix)
+    packages = packages_fit(host, locked, plan.needed) if locked is not None and release.fits else None
     settings_reasons = [] if settings.fits else [settings.reason]
-    reasons = [release.reason] if not release.fits else fit.reasons + ([plan.refused] if plan.refused else [])
-    return fit.model_copy(update={"fits": not (settings_reasons or not release.fits or not fit.fits or plan.refused),
+    reasons = [release.reason] if not release.fits else \
+        fit.reasons + ([plan.refused] if plan.refused else []) + ([packages.reason] if packages and not packages.fits
+                                                                  else [])
+    return fit.model_copy(update={"fits": not (settings_reasons or not release.fits or not fit.fits or plan.refused
+                                               or (packages is not None and not packages.fits)),
                                   "reasons": settings_reasons + reasons, "settings": settings, "release": release,
-                                  "kernel_plan": plan})
+                                  "kernel_plan": plan, "packages": packages})
