@@ -23,7 +23,7 @@ import subprocess
 import pytest
 
 from debianset import B70CTL, TEST_HOST_MATRIX, TEST_HOST_SERIES
-from provision import Appliance, assert_recap, give_hardware, on, restart_host, run_playbook
+from provision import FIXTURE_ROOT, REPO_ROOT, Appliance, assert_recap, give_hardware, on, restart_host, run_playbook
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1200)]
 
@@ -105,3 +105,49 @@ def test_a_kernel_that_cannot_drive_the_b70s_is_replaced_from_the_lock_and_the_p
     assert f"{host.name}: host_kernel: 2 GPU(s) bound to xe under kernel 6.17.0-1009-intel, firmware good." \
         in again.output
     assert _dpkg(host.name) == after
+
+
+GUC_UPDATES = f"{FIXTURE_ROOT}/lib/firmware/updates/xe/bmg_guc_70.bin"
+
+
+def _emulated_reboot(host: str) -> str:
+    """A reboot of a host whose kernel and cards stay: the container restarts, and the driver then reports the GuC
+    of the blob the firmware loader finds first, read from that blob's own header (the reader the real Debian blobs
+    test, tests/unit/test_firmware_blobs.py). Returns that release."""
+    restart_host(host)
+    facts_script = (REPO_ROOT / "control" / "b70host" / "facts.py").read_text()  # as gpu_inventory.yml pipes it
+    found = json.loads(subprocess.run(["docker", "exec", "-i", host, "python3", "-", "--root", FIXTURE_ROOT],
+                                      input=facts_script, capture_output=True, text=True, check=True).stdout)
+    release = found["firmware_files"]["xe/bmg_guc_70.bin"]["release_version"]
+    on(host).check_output(f"for info in {FIXTURE_ROOT}/sys/kernel/debug/dri/*/gt*/uc/guc_info; do sed -i "
+                          f"'s/found release version .*/found release version {release}/' \"$info\"; done")
+    return release
+
+
+def test_a_stock_firmware_whose_guc_is_refused_converges_in_two_runs_and_one_reboot(appliance: Appliance) -> None:
+    """The stock 26.04 host (GuC 70.58.0 loaded and on disk; the release's firmware package carries it too): the
+    first run puts the release matrix's good blob in /lib/firmware/updates by content and stops for the reboot;
+    after it the driver loads GuC 70.72.1, and the second run changes nothing."""
+    host = appliance.host(4)
+    give_hardware(host.name, "b70x2-switch-192gb-guc-70.58", appliance.work_dir)
+    _model_disk(host.name)
+    inventory = appliance.inventory("guc-override", [host], group_vars=HOST_VARS)
+
+    first = run_playbook(inventory, "--tags", "preflight,host_kernel", playbook="playbooks/host.yml")
+    assert first.returncode != 0
+    assert_recap(first, [host.name], failed=1)
+    assert (f"{host.name}: installed /lib/firmware/updates/xe/bmg_guc_70.bin (GPU 0000:03:00.0 loaded GuC 70.58.0 "
+            "resets engines") in first.output, first.output[-4000:]
+    assert ("firmware-linux-free carries GuC 70.58.0 resets engines and faults (\"Fault response: Unsuccessful "
+            "-ENOENT\") under load: installing GuC 70.72.1") in first.output
+    installed = on(host.name).file(GUC_UPDATES)
+    assert installed.sha256sum == "de81c75f46a127c33cd59f604d800e9ffc7ed3495967ba0d8767cd6985ab398b"
+    assert installed.mode == 0o644
+
+    assert _emulated_reboot(host.name) == "70.72.1"
+    _model_disk(host.name)
+    again = run_playbook(inventory, "--tags", "preflight,host_kernel", playbook="playbooks/host.yml")
+    assert again.returncode == 0, again.output[-4000:]
+    assert_recap(again, [host.name], changed=0, failed=0)
+    assert f"{host.name}: host_kernel: 2 GPU(s) bound to xe under kernel 6.17.0-1009-intel, firmware good." \
+        in again.output

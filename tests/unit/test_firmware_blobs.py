@@ -110,10 +110,70 @@ def test_the_file_found_is_the_one_the_kernel_loads_first(guc_blobs, tmp_path: P
     assert (entry["path"], entry["release_version"]) == (f"/lib/firmware/{release}/{GUC}", "70.40.2")
 
 
-def test_a_stock_26_04_host_is_never_rebooted_into_the_guc_it_refuses(guc_blobs, tmp_path: Path) -> None:
+def play_host(root: Path) -> PlayHost:
+    return PlayHost.model_validate({
+        "host": "b70-a", "recipe": RECIPE, "facts": collect_facts(str(root)), "gpus": 2, "distribution": "Ubuntu",
+        "codename": "resolute", "test_host": False, "test_host_distributions": [], "service_user": "b70",
+        "model_store_dir": "/var/lib/b70/models", "extra_env": {}})
+
+
+def test_the_matrix_override_is_the_real_blob_of_the_package_it_names(guc_blobs) -> None:
+    """resolute's guc_override names Debian's firmware-intel-graphics 20260916-1 by sha256: the same package this
+    module fetched and checked against Debian's index, and the blob inside it, whose header says the GuC the
+    matrix records."""
+    override = load_matrix().find("resolute", "Ubuntu").firmware.guc_override
+    name, sha256, guc = BLOBS["20260916"]
+    assert override.deb.url == POOL + name and override.deb.sha256 == sha256
+    assert override.deb.member == f"./usr/lib/firmware/{GUC}" and override.file == GUC
+    blob = guc_blobs["20260916"]
+    assert (hashlib.sha256(blob).hexdigest(), len(blob), override.guc) == (override.sha256, override.size_bytes, guc)
+    assert override.host_path == f"/lib/firmware/updates/{GUC}"
+    # The test hosts' matrix installs the very same blob (tests/fixtures/releases-testhosts.yaml).
+    testhosts = load_matrix(str(Path(__file__).resolve().parents[1] / "fixtures" / "releases-testhosts.yaml"))
+    assert testhosts.find("bookworm", "Debian").firmware.guc_override == override
+
+
+def test_guc_override_caches_the_blob_by_content_and_refuses_a_matrix_that_misnames_it(guc_blobs, tmp_path) -> None:
+    """`b70ctl host guc-override`: the .deb through the content-addressed cache (here seeded with the real package
+    this module fetched, as `lock fetch` would leave it), the blob out of it, checked, kept under its sha256."""
+    import json
+    import sys
+
+    import yaml
+
+    cache = tmp_path / "cache"
+    (cache / "sha256").mkdir(parents=True)
+    name, sha256, _ = BLOBS["20260916"]
+    shutil.copy(default_cache_dir() / "debs" / name, cache / "sha256" / sha256)
+    b70ctl = str(Path(sys.executable).with_name("b70ctl"))
+    done = subprocess.run([b70ctl, "host", "guc-override", "--codename", "resolute", "--cache", str(cache), "--json"],
+                          capture_output=True, text=True, check=True)
+    cached = json.loads(done.stdout)
+    assert (cached["guc"], cached["downloaded"]) == ("70.72.1", False)
+    assert cached["host_path"] == f"/lib/firmware/updates/{GUC}"
+    assert Path(cached["cache_path"]).read_bytes() == guc_blobs["20260916"]
+
+    matrix = yaml.safe_load((Path(__file__).resolve().parents[2] / "control/b70ctl/host/releases.yaml").read_text())
+    resolute = next(one for one in matrix["releases"] if one["codename"] == "resolute")
+    resolute["firmware"]["guc_override"]["guc"] = "70.73.0"  # a matrix that says another release than the blob
+    wrong = tmp_path / "releases.yaml"
+    wrong.write_text(yaml.safe_dump(matrix))
+    other = tmp_path / "other"
+    (other / "sha256").mkdir(parents=True)
+    shutil.copy(default_cache_dir() / "debs" / name, other / "sha256" / sha256)
+    refused = subprocess.run([b70ctl, "host", "guc-override", "--codename", "resolute", "--releases", str(wrong),
+                              "--cache", str(other), "--json"], capture_output=True, text=True)
+    assert refused.returncode == 2 and refused.stdout == ""
+    (line,) = refused.stderr.strip().splitlines()
+    assert "GuC 70.72.1; the release matrix says" in line and "nothing was cached" in line
+    assert sorted(path.name for path in (other / "sha256").iterdir() if not path.name.endswith(".lock")) == \
+        [sha256]  # the .deb only (and fetch's lock file)
+
+
+def test_a_stock_26_04_host_gets_the_good_guc_before_its_one_reboot(guc_blobs, tmp_path: Path) -> None:
     """The reboot loop: GuC 70.58.0 loaded, the archive's 20260319 firmware carries 70.58.0 too (releases.yaml,
-    from vllm-project/vllm #55425). Run by run: refused at preflight, nothing installed; the owner puts upstream's
-    blob in /lib/firmware/updates; a reboot alone is planned; after it, nothing."""
+    from vllm-project/vllm #55425). Run by run: the plan installs the matrix's good blob in /lib/firmware/updates
+    and reboots; before the reboot a re-run plans the reboot alone; after it, nothing."""
     root = host_tree(tmp_path, "70.58.0")
     install(root, "/lib/firmware", guc_blobs["20250410"], ".zst")  # a refused GuC on disk (below the floor)
     recipe = load_recipe(RECIPE)
@@ -121,24 +181,41 @@ def test_a_stock_26_04_host_is_never_rebooted_into_the_guc_it_refuses(guc_blobs,
     assert matrix.find("resolute", "Ubuntu").firmware.guc.release == "70.58.0"
 
     first = kernel_plan(recipe, collect_facts(str(root)), "Ubuntu", "resolute", matrix)
-    assert not first.needed and not first.reboot_required and first.packages == []
-    assert first.refused is not None and "a reboot into it would load the same GuC again" in first.refused
-    assert "/lib/firmware/updates/xe/" in first.refused and "\n" not in first.refused
-    fit = play_fit(PlayHost.model_validate({
-        "host": "b70-a", "recipe": RECIPE, "facts": collect_facts(str(root)), "gpus": 2, "distribution": "Ubuntu",
-        "codename": "resolute", "test_host": False, "test_host_distributions": [], "service_user": "b70",
-        "model_store_dir": "/var/lib/b70/models", "extra_env": {}}), recipe, matrix)
-    assert not fit.fits and first.refused in fit.reasons
+    assert first.needed and first.reboot_required and first.refused is None and first.packages == []
+    assert first.guc_override is not None and first.guc_override.guc == "70.72.1"
+    assert first.reason.endswith(f"installing GuC 70.72.1 (Debian firmware-intel-graphics 20260916-1 "
+                                 f"(deb.debian.org non-free-firmware), the upstream linux-firmware 20260916 blob) as "
+                                 f"/lib/firmware/updates/{GUC}, where the kernel looks first"), first.reason
+    # Preflight lets it through to host_kernel (this 128 GB tree's other verdicts are not about firmware).
+    assert not any("GuC" in reason for reason in play_fit(play_host(root), recipe, matrix).reasons)
 
-    install(root, "/lib/firmware/updates", guc_blobs["20260916"], ".zst")
+    install(root, "/lib/firmware/updates", guc_blobs["20260916"], "")  # what host_kernel copies there
     second = kernel_plan(recipe, collect_facts(str(root)), "Ubuntu", "resolute", matrix)
-    assert second.needed and second.reboot_required and second.packages == [] and second.refused is None
-    assert f"/lib/firmware/updates/{GUC}.zst carries GuC 70.72.1: a reboot loads it" in second.reason
+    assert second.needed and second.reboot_required and second.packages == [] and second.guc_override is None
+    assert f"/lib/firmware/updates/{GUC} carries GuC 70.72.1: a reboot loads it" in second.reason
 
     for info in root.glob("sys/kernel/debug/dri/*/gt*/uc/guc_info"):  # the reboot: the driver loads that file
         info.write_text(info.read_text().replace("found release version 70.58.0", "found release version 70.72.1"))
     third = kernel_plan(recipe, collect_facts(str(root)), "Ubuntu", "resolute", matrix)
     assert not third.needed and third.refused is None
+
+
+def test_without_a_good_blob_to_install_the_host_is_refused_not_rebooted(guc_blobs, tmp_path: Path) -> None:
+    """A release whose firmware carries a refused GuC and that names no override: refused at preflight, nothing
+    installed, the line names the manual fix."""
+    root = host_tree(tmp_path, "70.58.0")
+    install(root, "/lib/firmware", guc_blobs["20250410"], ".zst")
+    recipe = load_recipe(RECIPE)
+    matrix = load_matrix()
+    resolute = matrix.find("resolute", "Ubuntu")
+    bare = resolute.model_copy(update={"firmware": resolute.firmware.model_copy(update={"guc_override": None})})
+    matrix = matrix.model_copy(update={"releases": [bare if one is resolute else one for one in matrix.releases]})
+    first = kernel_plan(recipe, collect_facts(str(root)), "Ubuntu", "resolute", matrix)
+    assert not first.needed and not first.reboot_required and first.packages == []
+    assert first.refused is not None and "a reboot into it would load the same GuC again" in first.refused
+    assert "/lib/firmware/updates/xe/" in first.refused and "\n" not in first.refused
+    fit = play_fit(play_host(root), recipe, matrix)
+    assert not fit.fits and first.refused in fit.reasons
 
 
 def test_where_the_release_firmwares_guc_is_not_known_it_is_installed_and_said_so(guc_blobs, tmp_path) -> None:

@@ -370,6 +370,33 @@ def release_command(
         raise typer.Exit(1)
 
 
+@app.command("guc-override")
+def guc_override_command(
+    cache: Annotated[Path, typer.Option("--cache", help="Controller's content-addressed cache directory")],
+    distribution: Annotated[str, typer.Option("--distribution", help="The host's distribution")] = "Ubuntu",
+    codename: Annotated[str, typer.Option("--codename", help="The host's release codename")] = "",
+    releases: ReleasesOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Put the release's good GuC blob (releases.yaml guc_override) in the cache, by content, and say where it
+    goes on the host (/lib/firmware/updates). Exit 2 when the release names none or the blob is not the one named."""
+    from b70ctl.host.guc_override import cached_guc_override
+    from b70ctl.host.releases import load_matrix
+
+    release = load_matrix(releases).find(codename, distribution)
+    override = release.firmware.guc_override if release is not None and release.firmware is not None else None
+    if override is None:
+        raise BadInput(f"{distribution} {codename or '(no --codename)'} names no GuC override in the release matrix: "
+                       "give the host's --codename (b70ctl host kernel-plan says when one is needed)")
+    cached = cached_guc_override(override, cache)
+    if as_json:
+        _print_json(cached.model_dump(mode="json"))
+    else:
+        Console(highlight=False, soft_wrap=True).print(
+            f"GuC {cached.guc}: {cached.cache_path} ({'fetched now' if cached.downloaded else 'cached'}), goes to "
+            f"{cached.host_path}")
+
+
 @app.command("kernel-plan")
 def kernel_plan_command(
     recipe: Annotated[str, typer.Option(help="Recipe name or path to a recipe file")],

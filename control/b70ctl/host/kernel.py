@@ -8,7 +8,8 @@ host_kernel role acts on: install the named packages, then reboot (b70_allow_reb
   firmware files are missing: then linux-firmware comes too.
 - Never a reboot into a GuC it refuses. When the GuC file the kernel would load next (facts.py reads its header,
   decompressed, in the firmware loader's order) is good, a reboot alone is planned. When it is refused and the
-  release's firmware package carries a refused GuC too (releases.yaml `guc`), nothing is installed: the plan is
+  release's firmware package carries a refused GuC too (releases.yaml `guc`), the release's `guc_override` (a good
+  blob by sha256) goes to /lib/firmware/updates before the reboot; without one, nothing is installed: the plan is
   `refused`, host fit stops the play at preflight, and the line names the fix.
 - Not needed when the GPUs are bound and the firmware is good (a converged host, the test hosts' trees), on CPU
   recipes, on a host without any of the recipe's GPUs (a kernel adds no card), and on a distribution or release the
@@ -25,7 +26,7 @@ from typing import Any
 
 from b70ctl.documents import Pinned
 from b70ctl.host.firmware import GUC_CLEARED, guc_refusal
-from b70ctl.host.releases import Release, ReleaseMatrix, load_matrix
+from b70ctl.host.releases import GucOverride, Release, ReleaseMatrix, load_matrix
 from b70ctl.recipes.model import Recipe
 from b70ctl.versions import version_at_least
 
@@ -43,6 +44,9 @@ class KernelPlan(Pinned):
     # Set when the only plan there is would reboot into a GuC it refuses: nothing is installed or rebooted, and
     # host fit stops the play at preflight with this line (it names the fix).
     refused: str | None = None
+    # The good GuC blob host_kernel installs in /lib/firmware/updates before the reboot, when the release's own
+    # firmware package carries a refused one (releases.yaml guc_override).
+    guc_override: GucOverride | None = None
 
 
 def kernel_at_least(running: str | None, series: str) -> bool:
@@ -100,6 +104,18 @@ def kernel_plan(recipe: Recipe, facts: dict[str, Any], distribution: str, codena
             problems.append(f"{loaded}; {file_path} carries GuC {file_release}: a reboot loads it")
         else:
             locked = release.firmware.guc
+            override = release.firmware.guc_override
+            if locked is not None and (locked_refusal := guc_refusal(locked.release)) is not None and \
+                    override is not None and guc_refusal(override.guc) is None:
+                # Install the good blob where the kernel looks first, then reboot: the archive's firmware stays
+                # installed (and takes its updates), and the kernel loads this one.
+                return KernelPlan(
+                    needed=True, reboot_required=True, packages=[p for p in packages if p], kernel_release=running,
+                    release=release.codename, guc_override=override,
+                    reason="; ".join(problems + [
+                        f"{loaded}; {release.firmware.package} carries {locked_refusal.split(' (')[0]}: installing "
+                        f"GuC {override.guc} ({override.read_from.split(';')[0]}) as {override.host_path}, where "
+                        "the kernel looks first"]))
             if locked is not None and (locked_refusal := guc_refusal(locked.release)) is not None:
                 # The reboot loop of a stock 26.04 host: its archive firmware carries the refused GuC, so
                 # installing it and rebooting would load the same GuC again.

@@ -35,12 +35,44 @@ class GucRecord(_Model):
     read_from: str = Field(min_length=1)
 
 
+class DebMember(_Model):
+    """One file inside a .deb, by content: the package's URL and sha256, and the member's path in its data."""
+
+    url: str = Field(pattern=r"^(https?://|file:/).+\.deb$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size_bytes: int = Field(gt=0)
+    member: str = Field(pattern=r"^\./[A-Za-z0-9_./+-]+$", description="As dpkg-deb -c lists it")
+
+    @property
+    def filename(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+
+class GucOverride(_Model):
+    """A good GuC blob for a release whose own firmware package carries a refused one: installed by content in
+    /lib/firmware/updates, where the kernel's firmware loader looks first, so the archive's file stays as it is
+    (and takes its updates) and the kernel loads this one."""
+
+    file: str = Field(pattern=r"^xe/[a-z0-9_]+\.bin$", description="Relative to /lib/firmware, as the driver asks")
+    guc: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="The GuC release its header carries")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size_bytes: int = Field(gt=0)
+    deb: DebMember
+    read_from: str = Field(min_length=1)
+
+    @property
+    def host_path(self) -> str:
+        return f"/lib/firmware/updates/{self.file}"
+
+
 class PackageFrom(_Model):
     package: str | None = None
     packages: list[str] = Field(default_factory=list, description="Several packages of one family (gpu_runtime)")
     source: str = Field(description="The key of the matrix's indexes this package family is read from")
     series: str | None = Field(None, description="Kernel series the package brings (kernel only), e.g. 6.17")
     guc: GucRecord | None = Field(None, description="Firmware only: the GuC its xe/bmg_guc_70.bin carries, when known")
+    guc_override: GucOverride | None = Field(None, description="Firmware only: the GuC installed in its place when "
+                                                               "`guc` is one the appliance refuses")
 
     @property
     def names(self) -> list[str]:

@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from debian.debian_support import version_compare
 from pydantic import Field, ValidationError
@@ -127,11 +127,24 @@ class _RangeIgnored(Exception):
     pass
 
 
-def cache_path(cache: Path, pin: DebPin) -> Path:
+class Fetchable(Protocol):
+    """A file known by content: a lock's .deb pin, or a .deb a release matrix names (host/releases.py DebMember)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def size_bytes(self) -> int: ...
+    @property
+    def filename(self) -> str: ...
+
+
+def cache_path(cache: Path, pin: Fetchable) -> Path:
     return cache / "sha256" / pin.sha256
 
 
-def fetch_pin(pin: DebPin, cache: Path) -> tuple[Path, bool]:
+def fetch_pin(pin: Fetchable, cache: Path) -> tuple[Path, bool]:
     """(the cached file, whether it was downloaded now). BadInput in one line when the source's file differs from
     the lock or cannot be had; nothing but a resumable .partial is ever left behind. Several fetches at once (the
     play's forks, one per host) take turns per file: the first downloads, the others find it cached."""
@@ -144,7 +157,7 @@ def fetch_pin(pin: DebPin, cache: Path) -> tuple[Path, bool]:
         return _fetch_pin_locked(pin, cache, final)
 
 
-def _fetch_pin_locked(pin: DebPin, cache: Path, final: Path) -> tuple[Path, bool]:
+def _fetch_pin_locked(pin: Fetchable, cache: Path, final: Path) -> tuple[Path, bool]:
     if final.is_file():
         if final.stat().st_size == pin.size_bytes and _sha256_of(final) == pin.sha256:
             return final, False
