@@ -147,9 +147,10 @@ def ram_fit(recipe: Recipe, ram_total_bytes: int | None, mirror_gib: float = 0.0
               f"{(MEMMAP_FRACTION + RESERVED_FRACTION_MAX):.1%})")
     if mirror_gib:
         needed += (f" plus {mirror_gib:.1f} GiB that compute-runtime {recipe.image.compute_runtime} pins to mirror "
-                   f"the device memory of GPUs that see a peer (~1 GiB per GiB with a "
-                   "peer GPU visible, 26.09+: intel/compute-runtime #953, #986, #968, intel/torch-xpu-ops #5428, "
-                   "intel/llm-scaler #618; Intel recommends 26.05 until fixed)")
+                   f"the device memory of GPUs that see a peer (measured: ~1 GiB per GiB of device memory, "
+                   "intel/compute-runtime #986; 55 GiB for a 2-GPU inference server, #968; 26.09+, also #953, "
+                   "intel/torch-xpu-ops #5428, intel/llm-scaler #618; Intel recommends 26.05 until fixed; the "
+                   "checkpoint's page cache is reclaimable and not counted)")
     if ram_gib >= floor_gib:
         return RamFit(fits=True, reason=f"{shown} >= {needed}", ram_gib=ram_gib, **common)
     return RamFit(fits=False, ram_gib=ram_gib, **common,
