@@ -41,8 +41,9 @@ def test_the_release_matrix_supports_exactly_the_manifest_series() -> None:
 
 
 def test_each_series_takes_its_gpu_runtime_from_where_the_matrix_says() -> None:
-    """noble's two packages are PPA builds; resolute's the archive's (no PPA added there): the lock resolves each
-    group from the source the matrix names, so these are the versions a resolve there can pin."""
+    """noble's two packages come from Intel's OMIX repository; resolute's are the archive's (no PPA or OMIX
+    there): the lock resolves each group from the source the matrix names, so these are the versions a resolve there
+    can pin."""
     from b70ctl.host.releases import load_matrix
 
     for release in load_matrix().supported:

@@ -69,7 +69,7 @@ def test_each_host_of_the_play_gets_every_verdict(tmp_path: Path) -> None:
     # decided here, before host_kernel installs and reboots, with the one command to run.
     assert not pending["fits"] and pending["reasons"] == [pending["packages"]["reason"]]
     assert pending["packages"]["reason"].startswith("noble: the host package lock cannot install gpu_runtime "
-                                                    "(kobuk-team-ppa: https://ppa.launchpadcontent.net/kobuk-team/")
+                                                    "(intel-omix: https://repositories.intel.com/gpu/ubuntu/dists/noble/intel-omix/0.4/")
     assert pending["packages"]["reason"].endswith(
         "run `b70ctl lock resolve --host-packages --series noble` on a controller that reaches those indexes, keep "
         "the lock it writes (b70_host_packages_lock), and run the play again")

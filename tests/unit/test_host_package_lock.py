@@ -282,7 +282,7 @@ def test_version_order_is_dpkgs(left: str, op: str, right: str) -> None:
 def test_the_committed_lock_pins_what_ubuntu_publishes_and_says_what_it_could_not() -> None:
     """The appliance's own lock (control/b70ctl/host/packages.lock.json), resolved against the Ubuntu archive.
     Its resolute GPU runtime is the one public 26.04.1 B70 host inventories list from the archive (libze1 1.28.2-2,
-    libze-intel-gpu1 26.05.37020.3-1: tests/fixtures/apt-manifest.yaml); noble's comes from the kobuk-team PPA,
+    libze-intel-gpu1 26.05.37020.3-1: tests/fixtures/apt-manifest.yaml); noble's comes from Intel's OMIX repository,
     which this machine cannot reach: that group says so instead of pinning anything."""
     from b70ctl.host.releases import load_matrix
 
@@ -295,7 +295,7 @@ def test_the_committed_lock_pins_what_ubuntu_publishes_and_says_what_it_could_no
         {name: archive[name] for name in ("libze1", "libze-intel-gpu1")}
     assert all(pin.url.startswith("http://archive.ubuntu.com/ubuntu/pool/") for pin in resolute.values())
     noble = lock.series["noble"].groups["gpu_runtime"]
-    assert not noble.resolved and "ppa.launchpadcontent.net/kobuk-team/intel-graphics" in (noble.reason or "")
+    assert not noble.resolved and "repositories.intel.com/gpu/ubuntu/dists/noble/intel-omix/0.4" in (noble.reason or "")
     for release in load_matrix().supported:
         groups = lock.series[release.codename].groups
         assert groups["kernel"].requested == [release.kernel.package, release.firmware.package]

@@ -52,7 +52,9 @@ def test_supported_releases_and_what_each_installs() -> None:
     noble, resolute = matrix.find("noble"), matrix.find("resolute")
     assert noble.kernel.package == "linux-generic-hwe-24.04" and noble.kernel.series == "6.17"
     assert resolute.kernel.package == "linux-generic" and resolute.kernel.series == "7.0"
-    assert noble.gpu_runtime.source == "kobuk-team-ppa" and resolute.gpu_runtime.source == "ubuntu-archive"
+    assert noble.gpu_runtime.source == "intel-omix" and resolute.gpu_runtime.source == "ubuntu-archive"
+    # OMIX's pinned series (the PPA keeps only its newest build): the suite a lock can name again later.
+    assert matrix.indexes["intel-omix"].suites == ["{codename}/intel-omix/0.4"]
     assert noble.firmware.package == resolute.firmware.package == "linux-firmware"
 
 
