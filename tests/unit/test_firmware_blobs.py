@@ -218,11 +218,49 @@ def test_without_a_good_blob_to_install_the_host_is_refused_not_rebooted(guc_blo
     assert not fit.fits and first.refused in fit.reasons
 
 
-def test_where_the_release_firmwares_guc_is_not_known_it_is_installed_and_said_so(guc_blobs, tmp_path) -> None:
-    """noble: the archive's firmware GuC is not recorded, so the package is installed and the plan says so."""
+def ubuntu_intel_graphics_guc(codename: str) -> tuple[str, str]:
+    """(version, GuC) of the linux-firmware-intel-graphics the host package lock pins for `codename`: the .deb
+    fetched from the Ubuntu archive by the lock's URL and checked against its sha256, its bmg_guc_70.bin.zst read
+    with the facts module's own decompression and header reader."""
+    from b70ctl.lock.debcache import DEFAULT_LOCK, load_debs_lock
+    from b70host.facts import decompress_firmware, parse_css_release_version
+
+    pin = next(pin for pin in load_debs_lock(DEFAULT_LOCK).series[codename].packages
+               if pin.name == "linux-firmware-intel-graphics")
+    cache = default_cache_dir() / "debs"
+    cache.mkdir(parents=True, exist_ok=True)
+    deb = cache / pin.filename
+    if not deb.exists() or hashlib.sha256(deb.read_bytes()).hexdigest() != pin.sha256:
+        partial = deb.with_suffix(".partial")
+        with urllib.request.urlopen(pin.url, timeout=120) as response, partial.open("wb") as out:
+            shutil.copyfileobj(response, out)
+        assert hashlib.sha256(partial.read_bytes()).hexdigest() == pin.sha256, f"{pin.url}: not the locked package"
+        partial.rename(deb)
+    listing = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+    members = subprocess.run(["tar", "-t"], input=listing, capture_output=True, check=True).stdout.decode().split()
+    (member,) = [name for name in members if name.endswith(f"{GUC}.zst")]
+    blob = subprocess.run(["tar", "-xO", member], input=listing, capture_output=True, check=True).stdout
+    return pin.version, parse_css_release_version(decompress_firmware(blob, ".zst")) or "unreadable"
+
+
+@pytest.mark.parametrize("codename", ["noble", "resolute"])
+def test_the_matrix_records_the_guc_of_every_firmware_the_lock_pins(codename: str) -> None:
+    """Read from the blob, not from a report: 24.04's archive firmware carries GuC 70.44.1 (below the floor) and
+    26.04's 70.58.0 (the one vllm-project/vllm #55425 reports)."""
+    version, guc = ubuntu_intel_graphics_guc(codename)
+    recorded = load_matrix().find(codename, "Ubuntu").firmware.guc
+    assert recorded is not None and recorded.release == guc, (version, guc)
+    assert version in recorded.read_from
+
+
+def test_a_stock_24_04_host_gets_the_good_guc_too(guc_blobs, tmp_path) -> None:
+    """noble's archive firmware carries 70.44.1 (below the floor): installing it and rebooting would load a refused
+    GuC, so the plan installs the good blob instead, as on 26.04."""
     root = host_tree(tmp_path, "70.40.2")
     install(root, "/lib/firmware", guc_blobs["20250410"], ".zst")
     plan = kernel_plan(load_recipe(RECIPE), collect_facts(str(root)), "Ubuntu", "noble")
-    assert plan.needed and plan.packages == ["linux-firmware"] and plan.refused is None
+    assert plan.needed and plan.reboot_required and plan.refused is None
+    assert plan.guc_override is not None and plan.guc_override.guc == "70.72.1"
     assert "GuC 70.40.2 is below the B70 floor 70.54.0" in plan.reason
-    assert "linux-firmware carries GuC not known" in plan.reason
+    assert ("linux-firmware's own GuC is refused too (GuC 70.44.1 is below the B70 floor 70.54.0): installing GuC "
+            "70.72.1") in plan.reason

@@ -113,7 +113,8 @@ def kernel_plan(recipe: Recipe, facts: dict[str, Any], distribution: str, codena
                     needed=True, reboot_required=True, packages=[p for p in packages if p], kernel_release=running,
                     release=release.codename, guc_override=override,
                     reason="; ".join(problems + [
-                        f"{loaded}; {release.firmware.package} carries {locked_refusal.split(' (')[0]}: installing "
+                        f"{loaded}; {release.firmware.package}'s own GuC is refused too "
+                        f"({locked_refusal.split(' (')[0]}): installing "
                         f"GuC {override.guc} ({override.read_from.split(';')[0]}) as {override.host_path}, where "
                         "the kernel looks first"]))
             if locked is not None and (locked_refusal := guc_refusal(locked.release)) is not None:
