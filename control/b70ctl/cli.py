@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 
 from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput
+from b70ctl.escaping import TerminalStream, one_line
 from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe, recipe_names
 from b70ctl.report.verdict import describe_bound
@@ -103,6 +104,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def shown(value: object) -> str:
+    """A value from an input (a server, a recipe file, a report) for a rich console: one line of text, no escape
+    sequence, and no markup of rich's."""
+    return escape(one_line(value))
+
+
 def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
@@ -118,8 +125,10 @@ def recipes_list(as_json: Annotated[bool, json_option()] = False) -> None:
     table = Table("name", "route", "vLLM", "TP", "speculation", "description")
     for recipe in recipes:
         spec = recipe.serve.speculative
-        table.add_row(recipe.name, recipe.route, recipe.vllm_version, str(recipe.serve.tensor_parallel_size),
-                      f"{spec.method} k={spec.num_speculative_tokens}" if spec else "-", recipe.description)
+        table.add_row(shown(recipe.name), shown(recipe.route), shown(recipe.vllm_version),
+                      str(recipe.serve.tensor_parallel_size),
+                      shown(f"{spec.method} k={spec.num_speculative_tokens}") if spec else "-",
+                      shown(recipe.description))
     Console().print(table)
 
 
@@ -132,12 +141,12 @@ def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name or path t
         print_json(recipe.model_dump(mode="json"))
         return
     out = Console()
-    out.print(f"[bold]{recipe.name}[/] — {recipe.description}")
-    out.print(f"route {recipe.route}, vLLM {recipe.vllm_version}, image {recipe.image.reference}"
-              f"{':' + recipe.image.tag if recipe.image.tag else ''} ({recipe.image.source})")
+    out.print(f"[bold]{shown(recipe.name)}[/] — {shown(recipe.description)}")
+    out.print(shown(f"route {recipe.route}, vLLM {recipe.vllm_version}, image {recipe.image.reference}"
+                    f"{':' + recipe.image.tag if recipe.image.tag else ''} ({recipe.image.source})"))
     table = Table("claim", "metric", "bound", "source", title="claims")
     for claim in recipe.claims:
-        table.add_row(claim.id, claim.metric, describe_bound(claim), claim.source)
+        table.add_row(shown(claim.id), shown(claim.metric), shown(describe_bound(claim)), shown(claim.source))
     out.print(table)
 
 
@@ -227,9 +236,9 @@ def endpoint_of(url: str, option: str, **settings: object) -> Endpoint:
         raise BadInput(f"{option} {shown!r}: port 0 is not a server's port")
     basic_auth = (parts.username or "", parts.password or "") if parts.username or parts.password else None
     if basic_auth is not None:
-        from b70ctl.redact import keep_secret
+        from b70ctl.redact import keep_basic_credentials
 
-        keep_secret(basic_auth[1])
+        keep_basic_credentials(*basic_auth)
     netloc = parts.netloc.rsplit("@", 1)[-1]
     return Endpoint(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)),
                     basic_auth=basic_auth, **settings)  # type: ignore[arg-type]
@@ -305,6 +314,9 @@ def verify(
     baseline = (endpoint_of(baseline_endpoint, "--baseline-endpoint", api_key=key, **limits)
                 if baseline_endpoint else None)
     if record_reference is not None:
+        from b70ctl.files import require_replaceable
+
+        require_replaceable(record_reference, "--record-reference")
         with VllmClient(replace(target, model=model or loaded.serve.served_model_name)) as client:
             from b70ctl.verify import require_reachable
 
@@ -328,7 +340,8 @@ def verify(
 
     try:
         with console.status("verifying", spinner="dots") as status:
-            report = run_verify(request, progress=lambda message: status.update(message))
+            # a step's message may name a server's model or a recipe's workload: text only, no markup
+            report = run_verify(request, progress=lambda message: status.update(escape(one_line(message))))
     except Terminated:
         # 143 = 128 + SIGTERM, as a shell reports a process the signal ended; the report says "terminated".
         console.print(f"terminated: the report in {out} is marked partial (terminated)", highlight=False)
@@ -366,22 +379,23 @@ def demo(
 
 def render_verdicts(report: Report, out_dir: Path) -> None:
     """The verdicts for people, on stdout (`| tee` keeps them); progress and warnings stay on stderr."""
-    table = Table("claim", "required", "measured", "verdict", title=f"{report.recipe} @ {report.endpoint}")
+    table = Table("claim", "required", "measured", "verdict",
+                  title=shown(f"{report.recipe} @ {report.endpoint}"))
     styles = {"met": "green", "not_met": "red", "not_measured": "yellow"}
     for verdict in report.verdicts:
         measured = verdict.measured
-        shown = (" ".join(f"{m:.2f}" for m in measured) if isinstance(measured, list)
-                 else f"{measured:.3g}" if measured is not None else "-")
-        table.add_row(verdict.description, verdict.bound, shown,
+        measured_text = (" ".join(f"{m:.2f}" for m in measured) if isinstance(measured, list)
+                         else f"{measured:.3g}" if measured is not None else "-")
+        table.add_row(shown(verdict.description), shown(verdict.bound), measured_text,
                       f"[{styles[verdict.verdict]}]{verdict.verdict}[/]"
-                      + (f" ({verdict.reason})" if verdict.reason else ""))
+                      + (f" ({shown(verdict.reason)})" if verdict.reason else ""))
     out = Console()
     out.print(table)
     checks = [(name, result) for name, result in (("smoke", report.smoke), ("correctness", report.correctness),
                                                   ("throughput", report.throughput)) if result is not None]
     out.print("checks: " + ", ".join(f"{name} {'passed' if result.passed else 'FAILED'}" for name, result in checks)
               + (" — PARTIAL" if report.partial else ""))
-    out.print(f"report: {out_dir / 'report.md'}", highlight=False, soft_wrap=True)  # a path is never cut
+    out.print(f"report: {shown(out_dir / 'report.md')}", highlight=False, soft_wrap=True)  # never cut
 
 
 def main() -> None:
@@ -390,14 +404,26 @@ def main() -> None:
     debug = "--debug" in sys.argv[1:]
     if debug:
         sys.argv.remove("--debug")
+    # Whatever a command prints from its inputs reaches the terminal as text only: no escape sequence of a
+    # server's or a file's (b70ctl.escaping), and no secret of this run.
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = TerminalStream(sys.stdout), TerminalStream(sys.stderr)
+    try:
+        _run(debug)
+    finally:
+        sys.stdout, sys.stderr = streams
+        from b70ctl.redact import forget_secrets
+
+        forget_secrets()
+
+
+def _run(debug: bool) -> None:
     try:
         app()
     except BadInput as error:
         # escaped: a message may quote a path or an install hint in brackets ('b70ctl[appliance]')
         # printable: a message may quote what a server sent (an echoed key, an escape sequence)
-        from b70ctl.redact import printable
-
-        line = printable(str(error)).replace("\n", " ")
+        line = one_line(error)
         console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
         sys.exit(error.exit_code)
     except Exception as error:

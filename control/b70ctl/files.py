@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from b70ctl.errors import BadInput
-from b70ctl.redact import redact
+from b70ctl.redact import credentials_in_use, redact
 
 # Most bytes of a secret file read: a key is a line, /dev/zero or a log given by mistake must not fill memory.
 MAX_SECRET_FILE_BYTES = 64 * 1024
@@ -32,9 +32,13 @@ MAX_DOCUMENT_BYTES = 16 * 2**20
 
 def write_text_atomically(path: Path, text: str, mode: int = 0o644) -> None:
     """`mode` defaults to readable by all (reports, locks are meant to be shared): no secret of this run is ever
-    in the text (redacted here, whatever a server echoed), so a 0644 document carries none."""
+    in the text (redacted here, whatever a server echoed), so a 0644 document carries none. While this run sends
+    a credential (an API key, a URL's password), a server may echo it in a form no redaction knows: what it writes
+    is then for this user only (0600)."""
     path = Path(path)
     text = redact(text)
+    if credentials_in_use():
+        mode &= 0o700
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -47,6 +51,28 @@ def write_text_atomically(path: Path, text: str, mode: int = 0o644) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def require_replaceable(path: Path, what: str) -> None:
+    """An output path given on the command line may be new or a regular file (which is replaced whole): never a
+    link, a FIFO, a device or a directory, which the rename would replace (as root, /dev/null itself). BadInput
+    naming what is there, before anything was asked of a server or written."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return  # nothing there, or no way there: the writer says why it cannot write
+    if not stat.S_ISREG(found.st_mode):
+        raise BadInput(f"{what} {path}: {_kind(found.st_mode)}, not a regular file: nothing was changed; give a new "
+                       "path or a file to replace")
 
 
 def write_failure(error: OSError, path: Path) -> str:

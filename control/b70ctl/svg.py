@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from html import escape
+from b70ctl.escaping import html_text as escape
 from typing import Literal
 
 PT_PER_INCH = 72

@@ -39,7 +39,7 @@ from b70ctl.checks.throughput import reject_impossible_engine_figures, run_throu
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import read_json_object, read_own_json_object, write_text_atomically
 from b70ctl.recipes.model import Recipe
-from b70ctl.redact import printable
+from b70ctl.redact import printable, without_controls
 from b70ctl.report.html import render_html
 from b70ctl.report.load import MAX_REPORT_BYTES
 from b70ctl.report.markdown import render_markdown
@@ -288,8 +288,8 @@ class ReportWriter:
         (files.write_text_atomically) and, in the files people open in a terminal or a browser, without control
         characters: report.json escapes them itself."""
         write_text_atomically(self.out_dir / "report.json", self.report.model_dump_json(indent=2) + "\n")
-        write_text_atomically(self.out_dir / "report.md", printable(render_markdown(self.report, self.recipe)))
-        write_text_atomically(self.out_dir / "report.html", printable(render_html(self.report, self.recipe)))
+        write_text_atomically(self.out_dir / "report.md", without_controls(render_markdown(self.report, self.recipe)))
+        write_text_atomically(self.out_dir / "report.html", without_controls(render_html(self.report, self.recipe)))
 
     def save_partial(self, reason: str) -> None:
         """The last consistent report, marked partial with why it stopped. When even that cannot be written (a

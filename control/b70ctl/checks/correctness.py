@@ -25,7 +25,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from b70ctl.checks.client import EndpointError, VllmClient
 from b70ctl.documents import Document as _Strict
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import read_json_object, write_json_atomically
+from b70ctl.files import read_json_object, require_replaceable, write_json_atomically
 from b70ctl.recipes.model import CorrectnessSettings, Probe, Recipe
 from b70ctl.report.model import CorrectnessResult, GarbageFinding, PromptComparison
 
@@ -116,6 +116,7 @@ def record_reference(client: VllmClient, recipe: Recipe, path: Path) -> Referenc
                           prompts=list(settings.prompts), outputs=outputs, created_at=datetime.now(UTC),
                           vllm_version=server_vllm_version(client))
     path = Path(path)
+    require_replaceable(path, "--record-reference")  # again: it may have changed while the prompts ran
     try:
         write_json_atomically(path, reference.model_dump(mode="json"))
     except OSError as error:

@@ -19,10 +19,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
 from pydantic import TypeAdapter
 
 from b70ctl.files import write_text_atomically
@@ -40,7 +41,8 @@ from b70ctl.fleet.model import (
     RecipeFleet,
     WorkloadFigures,
 )
-from b70ctl.redact import printable, redact_credentials
+from b70ctl.escaping import Markdown, markdown_code, markdown_text
+from b70ctl.redact import printable, redact_credentials, without_controls
 from b70ctl.report.markdown import efficiency_text
 from b70ctl.report.model import PEAK_LABEL
 
@@ -115,9 +117,9 @@ def _percent(value: float | None) -> str:
 
 
 def _md_cell(value: object) -> str:
-    # A pipe or newline inside a value would break the markdown table; GitHub renders HTML in markdown, so a
-    # host named "<img src=...>" is written as text: no "<" opens a tag.
-    return str(value).replace("<", "&lt;").replace("|", "\\|").replace("\n", " ")
+    """A value from a report or a directory name as Markdown text (b70ctl.escaping): one line, no pipe that
+    breaks the table, no link, image, emphasis or HTML tag of its own."""
+    return value if isinstance(value, Markdown) else markdown_text(value, in_cell=True)
 
 
 def _short(value: object, length: int = 19) -> str:
@@ -127,16 +129,27 @@ def _short(value: object, length: int = 19) -> str:
 
 def _cell(value: object, length: int = CELL_CHARACTERS) -> str:
     """Free text from a report in a markdown table cell: one line, no cell-breaking pipe, no HTML, bounded."""
-    return _md_cell(_short(value, length))
+    return markdown_text(_short(value, length), in_cell=True)
 
 
 def _code(value: object, length: int = 80) -> str:
-    """A value as inline code, where markdown shows every character as it is (no entities): one line, no pipe,
-    and no backtick, which would end the span early."""
+    """A value as inline code, where markdown shows every character as it is (no entities): one line, and a
+    fence no backtick of the value can end."""
     if value is None:
-        return "–"
-    text = _short(value, length).replace("|", "\\|").replace("\n", " ").replace("`", "'")
-    return f"`{text}`"
+        return Markdown("–")
+    return markdown_code(_short(value, length))
+
+
+def _finalize(report_kind: str) -> Any:
+    """Every `{{ value }}` of a template crosses its output's boundary: in fleet.md a string that is not Markdown
+    already (a filter's or b70ctl's own) is escaped; in fleet.html it is made printable, then autoescaped."""
+    def markdown(value: Any) -> Any:
+        return value if isinstance(value, Markdown) or not isinstance(value, str) else markdown_text(value)
+
+    def html(value: Any) -> Any:
+        return value if isinstance(value, Markup) or not isinstance(value, str) else printable(value)
+
+    return html if report_kind == "html" else markdown
 
 
 def _environment(report_kind: str) -> Environment:
@@ -147,11 +160,16 @@ def _environment(report_kind: str) -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        finalize=_finalize(report_kind),
     )
+    def own(render: Callable[..., str]) -> Callable[..., str]:
+        """A figure b70ctl formats itself ("-11.3%"): Markdown as it is, in fleet.md."""
+        return render if report_kind == "html" else lambda *args: Markdown(render(*args))
+
     environment.filters.update(names=_names if report_kind == "html" else _markdown_names, labels=_labels,
-                               group_kind=_group_kind, number=_number,
-                               percent=_percent, md=_md_cell, short=_short, cell=_cell, code=_code,
-                               efficiency=efficiency_text)
+                               group_kind=_group_kind, number=own(_number),
+                               percent=own(_percent), md=_md_cell, short=_short, cell=_cell, code=_code,
+                               efficiency=own(efficiency_text))
     environment.globals["peak_label"] = PEAK_LABEL  # the host reports' name for the same figure
     return environment
 
@@ -387,7 +405,7 @@ def _attention_section(report: FleetReport, characters: int) -> AttentionSection
     markdown = "\n".join([f"## Hosts needing attention ({len(kinds)} of {report.summary.hosts})", "",
                           *budget.lines, footer]) + "\n"
     return AttentionSection(hosts=len(kinds), outlier=counts["outlier"], failed=counts["failed"],
-                            drift=counts["drift"], left_out=left_out, markdown=markdown)
+                            drift=counts["drift"], left_out=left_out, markdown=Markdown(markdown))
 
 
 def _effects_shown(fleet: RecipeFleet) -> list[FieldValueEffect]:
@@ -417,7 +435,7 @@ def _recipe_blocks(report: FleetReport, environment: Environment) -> tuple[list[
             break
         blocks[index] = block
         used += len(block)
-    return [blocks[index] for index in sorted(blocks)], len(report.recipes) - len(blocks)
+    return [Markdown(blocks[index]) for index in sorted(blocks)], len(report.recipes) - len(blocks)
 
 
 def render_markdown(report: FleetReport, budget: int = MARKDOWN_BUDGET) -> str:
@@ -428,7 +446,7 @@ def render_markdown(report: FleetReport, budget: int = MARKDOWN_BUDGET) -> str:
     template = environment.get_template("fleet.md.j2")
     context = {"report": report, "recipe_blocks": blocks, "recipes_left_out": recipes_left_out,
                "rows_shown": ROWS_SHOWN, "tuned_hosts": tuned_hosts(report)}
-    counts_only = replace(_attention_section(report, FOOTER_RESERVE), markdown="")
+    counts_only = replace(_attention_section(report, FOOTER_RESERVE), markdown=Markdown(""))
     summary = template.render(**context, attention=counts_only)
     if len(summary) > budget - 2 * FOOTER_RESERVE:
         # Only reports made to break it get here (hundreds of recipes, names of hundreds of characters): the
@@ -464,11 +482,11 @@ def _json_text(report: FleetReport) -> str:
 
 
 def _markdown_text(report: FleetReport) -> str:
-    return printable(render_markdown(report))
+    return without_controls(render_markdown(report))
 
 
 def _html_text(report: FleetReport, out_dir: Path | None) -> str:
-    return printable(render_html(report, out_dir))
+    return without_controls(render_html(report, out_dir))
 
 
 def _read(path: Path) -> str | None:

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from b70ctl.errors import first_problem
+from b70ctl.escaping import path_part_problem
 from b70ctl.models.tiny import TinySpec
 from b70ctl.versions import version_at_least
 
@@ -204,6 +205,16 @@ class Workload(Strict):
     min_requests: int = Field(3, ge=1)
     max_requests: int = Field(10, ge=1)
     target_relative_halfwidth: float = Field(0.02, gt=0, description="Stop when the median's CI is within ±this")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_file_name(cls, name: str) -> str:
+        # raw/throughput/<name>/ holds the workload's data: a name like "../../x" or "/abs" would write elsewhere.
+        problem = path_part_problem(name)
+        if problem is not None:
+            raise ValueError(f"workload name {name[:80]!r} is {problem}: rename the workload (throughput.workloads[]"
+                             ".name), e.g. long_prompt")
+        return name
 
     @model_validator(mode="after")
     def _has_prompt(self) -> Workload:

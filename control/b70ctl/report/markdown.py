@@ -5,6 +5,10 @@ llama-benchy table B70 users paste into issues, and a headline that names what f
 
 from __future__ import annotations
 
+import re
+
+from b70ctl.escaping import markdown_code, markdown_code_block
+from b70ctl.escaping import markdown_text as text
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import PEAK_LABEL, Environment, Report, Roofline, Summary, WorkloadResult
 
@@ -51,7 +55,7 @@ def summary_table(report: Report) -> list[str]:
         spec = workload.spec_decode if workload.spec_decode and not workload.spec_decode.polluted else None
         decode = workload.decode_tok_s
         lines.append(
-            f"| {workload.name} | {_fmt(decode.median if decode else None)} "
+            f"| {text(workload.name)} | {_fmt(decode.median if decode else None)} "
             f"| {_fmt(workload.peak)} "
             f"| {_ms(workload.ttft_s.median * 1000 if workload.ttft_s else None)} "
             f"| {_ms(workload.itl_ms.median_ms if workload.itl_ms else None)} "
@@ -83,11 +87,11 @@ def _timing_lines(result: WorkloadResult) -> list[str]:
     if result.timing_source == "engine":
         lines.append("Timed on the engine's clock (vLLM's per-request histograms around each request).")
     if result.timing_note:
-        lines.append(f"**{result.timing_note}.**")
+        lines.append(f"**{text(result.timing_note)}.**")
     if result.distorted_requests:
         reasons = [r.delivery_reason for r in result.requests if r.delivery == "distorted" and r.delivery_reason]
         lines.append(f"**Delivery distorted in {result.distorted_requests} of {len(result.requests)} requests** "
-                     f"(e.g. {reasons[0] if reasons else 'arrivals disagree with the engine'}): their client "
+                     f"(e.g. {text(reasons[0]) if reasons else 'arrivals disagree with the engine'}): their client "
                      "figures are kept in report.json and left out of peak and ITL.")
     if result.peak_tok_s and result.decode_tok_s and result.peak_tok_s.median < result.decode_tok_s.median:
         lines.append("Peak reads below the decode rate: the peak counts tokens as they arrived in 1 s windows, the "
@@ -100,11 +104,11 @@ def _timing_lines(result: WorkloadResult) -> list[str]:
 
 
 def _workload(result: WorkloadResult) -> list[str]:
-    lines = [f"### {WORKLOAD_TITLES.get(result.name, result.name)}", "", f"{result.description}. "
+    lines = [f"### {WORKLOAD_TITLES.get(result.name, text(result.name))}", "", f"{text(result.description)}. "
              f"max_tokens {result.max_tokens}, temperature {result.temperature:g}"
              + (f", {result.prompt_tokens} prompt tokens" if result.prompt_tokens else "") + ".", ""]
     if result.error:
-        lines += [f"**Stopped:** {result.error}", ""]
+        lines += [f"**Stopped:** {text(result.error)}", ""]
     lines += ["| figure | median | min | max | MAD | 95% CI of median | n |", "|---|---|---|---|---|---|---|",
               _summary_row("decode", result.decode_tok_s, "tok/s"),
               _summary_row("decode as delivered (client)", result.client_decode_tok_s, "tok/s"),
@@ -136,7 +140,7 @@ def _workload(result: WorkloadResult) -> list[str]:
                   f"{_fmt(spec.acceptance_rate and spec.acceptance_rate * 100, 1)}%, mean acceptance length "
                   f"{_fmt(spec.mean_acceptance_length)}, per position {rates}."]
         if spec.polluted:
-            lines.append(f"**Counters polluted:** {spec.pollution_reason}")
+            lines.append(f"**Counters polluted:** {text(spec.pollution_reason)}")
         lines.append("")
     return lines
 
@@ -210,18 +214,18 @@ def roofline_headline(roofline: Roofline | None) -> str:
 
 
 def _roofline(report: Report) -> list[str]:
-    lines = [f"## {ROOFLINE_TITLE}", "", ROOFLINE_EXPLAINED, "", f"**{roofline_headline(report.roofline)}**", ""]
+    lines = [f"## {ROOFLINE_TITLE}", "", ROOFLINE_EXPLAINED, "", f"**{text(roofline_headline(report.roofline))}**",
+             ""]
     roofline = report.roofline
     if roofline is None:
         return lines
     lines += ["| input | value | source |", "|---|---|---|"]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
-              for row in roofline_input_rows(roofline)]
+    lines += ["| " + " | ".join(text(cell) for cell in row) + " |" for row in roofline_input_rows(roofline)]
     lines.append("")
     rows = roofline_workload_rows(roofline)
     if rows:
         lines += ["| " + " | ".join(ROOFLINE_HEADER) + " |", "|" + "---|" * len(ROOFLINE_HEADER)]
-        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+        lines += ["| " + " | ".join(text(cell) for cell in row) + " |" for row in rows]
         lines.append("")
     return lines
 
@@ -248,6 +252,14 @@ def firmware_line(environment: Environment) -> str | None:
     return ", ".join(parts) or None
 
 
+def markdown_link(label: str, url: str | None) -> str:
+    """A claim's source, linked when its URL is an http(s) address: the label escaped, the address in angle
+    brackets (no space, no angle bracket, no control character in it); anything else is shown as text."""
+    if url and re.fullmatch(r"https?://[^\s<>\\`\x00-\x1f\x7f]+", url):
+        return f"[{text(label)}](<{url}>)"
+    return text(label) + (f" ({text(url)})" if url else "")
+
+
 def render_markdown(report: Report, recipe: Recipe) -> str:
     env = report.environment
     spec = recipe.serve.speculative
@@ -255,25 +267,25 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
     met = sum(v.verdict == "met" for v in report.verdicts)
     emulated = emulated_hardware_line(env)
     lines = [
-        f"# Replication report: {recipe.name}", "",
-        f"**{status}.** Claims met: {met} of {len(report.verdicts)}.", "",
+        f"# Replication report: {text(recipe.name)}", "",
+        f"**{text(status)}.** Claims met: {met} of {len(report.verdicts)}.", "",
     ]
     if emulated:
-        lines += [f"**{emulated}.**", ""]
+        lines += [f"**{text(emulated)}.**", ""]
     if report.throughput is not None and report.throughput.workloads:
         lines += summary_table(report) + [""]
     lines += [
         "## Configuration", "",
-        f"- Recipe: `{recipe.name}` — {recipe.description}",
-        f"- Endpoint: {report.endpoint}" + (f"; baseline: {report.baseline}" if report.baseline else ""),
-        f"- Served model: {env.served_model or '–'}; vLLM {env.vllm_version or '–'}",
-        "- Speculative decoding (recipe): " + (f"{spec.method}, k={spec.num_speculative_tokens}"
-                                                + (f", {spec.draft_sample_method}" if spec.draft_sample_method
-                                                   else "") if spec else "none"),
+        f"- Recipe: {markdown_code(recipe.name)} — {text(recipe.description)}",
+        f"- Endpoint: {text(report.endpoint)}" + (f"; baseline: {text(report.baseline)}" if report.baseline else ""),
+        f"- Served model: {text(env.served_model or '–')}; vLLM {text(env.vllm_version or '–')}",
+        "- Speculative decoding (recipe): " + (text(f"{spec.method}, k={spec.num_speculative_tokens}"
+                                                     + (f", {spec.draft_sample_method}" if spec.draft_sample_method
+                                                        else "")) if spec else "none"),
         "- Speculative decoding (served, from its counters): " + (
             "–" if env.served_speculative_positions is None else
             f"k={env.served_speculative_positions}" if env.served_speculative_positions else "none"),
-        f"- Serve: TP={recipe.serve.tensor_parallel_size}, dtype {recipe.serve.dtype}, max_model_len "
+        f"- Serve: TP={recipe.serve.tensor_parallel_size}, dtype {text(recipe.serve.dtype)}, max_model_len "
         f"{recipe.serve.max_model_len}",
     ]
     fixtures = " (emulated: the fixture's)" if emulated else ""
@@ -289,33 +301,32 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
                          ("P2P profile", env.p2p_profile and (f"{env.p2p_profile} ({env.p2p_profile_reason})"
                                                               if env.p2p_profile_reason else env.p2p_profile))):
         if value:
-            lines.append(f"- {label}: {value}")
-    lines += [f"- Run: {report.started_at:%Y-%m-%d %H:%M:%S} UTC, b70ctl {report.tool_version}", ""]
+            lines.append(f"- {label}: {text(value)}")
+    lines += [f"- Run: {report.started_at:%Y-%m-%d %H:%M:%S} UTC, b70ctl {text(report.tool_version)}", ""]
     if env.serve_command:
-        lines += ["Serve command:", "", "```", env.serve_command, "```", ""]
+        lines += ["Serve command:", "", *markdown_code_block(env.serve_command), ""]
     if env.serve_exec_start:
-        lines += ["The serving unit's ExecStart:", "", "```", f"ExecStart={env.serve_exec_start}", "```", ""]
+        lines += ["The serving unit's ExecStart:", "", *markdown_code_block(f"ExecStart={env.serve_exec_start}"), ""]
     if env.rehearsal:
         lines += ["**Rehearsal:** served from a stand-in base with vLLM's CPU build; the overlay "
                   "(control/b70ctl/serve/rehearsal.yaml) changed only this:", ""]
-        lines += [f"- {line}" for line in env.rehearsal] + [""]
+        lines += [f"- {text(line)}" for line in env.rehearsal] + [""]
 
     lines += ["## Verdicts", "", "| claim | required | measured | verdict | source |", "|---|---|---|---|---|"]
     for verdict in report.verdicts:
         measured = verdict.measured
         shown = (" ".join(f"{m:.2f}" for m in measured) if isinstance(measured, list)
                  else _fmt(measured, 3) if measured is not None else "–")
-        note = f" — {verdict.reason}" if verdict.reason else ""
-        source = f"[{verdict.source}]({verdict.url})" if verdict.url else verdict.source
-        lines.append(f"| {verdict.description} | {verdict.bound} | {shown} | {VERDICT_MARK[verdict.verdict]}{note} "
-                     f"| {source} |")
+        note = f" — {text(verdict.reason)}" if verdict.reason else ""
+        lines.append(f"| {text(verdict.description)} | {text(verdict.bound)} | {shown} "
+                     f"| {VERDICT_MARK[verdict.verdict]}{note} | {markdown_link(verdict.source, verdict.url)} |")
     lines.append("")
 
     if report.diagnosis:
         lines += ["## Diagnosis", "", "Known failures the findings below match (`b70ctl diagnose`'s catalogue):", ""]
         for failure in report.diagnosis:
-            lines.append(f"- **{failure.id}** — {failure.title}. Fix: {failure.fix}")
-            lines += [f"  - `{evidence[:200]}`" for evidence in failure.evidence]
+            lines.append(f"- **{text(failure.id)}** — {text(failure.title)}. Fix: {text(failure.fix)}")
+            lines += [f"  - {markdown_code(evidence, 200)}" for evidence in failure.evidence]
         lines.append("")
 
     lines += ["## Throughput (concurrency 1)", ""]
@@ -336,16 +347,18 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
     if correctness is None:
         lines += ["Not measured.", ""]
     else:
-        lines += [f"Greedy outputs compared by token id with {correctness.baseline}: "
+        lines += [f"Greedy outputs compared by token id with {text(correctness.baseline)}: "
                   f"**{correctness.identical}/{correctness.total} identical**.", ""]
         if correctness.reason:
-            lines += [f"**{correctness.reason}**", ""]
+            lines += [f"**{text(correctness.reason)}**", ""]
         for comparison in correctness.comparisons:
             if not comparison.identical:
-                lines += [f"- `{comparison.prompt[:60]}`: first divergence at token {comparison.first_divergence}"
-                          f" — baseline `{comparison.expected_context}` vs served `{comparison.actual_context}`"]
+                lines += [f"- {markdown_code(comparison.prompt, 60)}: first divergence at token "
+                          f"{comparison.first_divergence} — baseline {markdown_code(comparison.expected_context)} vs "
+                          f"served {markdown_code(comparison.actual_context)}"]
         for finding in correctness.garbage:
-            lines.append(f"- garbage guard, {finding.kind}: `{finding.prompt[:60]}` — {finding.detail}")
+            lines.append(f"- garbage guard, {text(finding.kind)}: {markdown_code(finding.prompt, 60)} — "
+                         f"{text(finding.detail)}")
         lines.append("")
 
     lines += ["## Edge cases and smoke", ""]
@@ -354,7 +367,7 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
     else:
         lines += ["| check | result |", "|---|---|"]
         for check in report.smoke.checks:
-            lines.append(f"| {check.name} | {'pass' if check.passed else 'FAIL: ' + (check.reason or '')} |")
+            lines.append(f"| {text(check.name)} | {'pass' if check.passed else 'FAIL: ' + text(check.reason or '')} |")
         lines.append("")
     lines += ["Raw data (per-chunk arrival times, token ids, /metrics before and after) is in `raw/`.", ""]
     return "\n".join(lines)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from b70ctl.escaping import markdown_code
+from b70ctl.escaping import markdown_text as text
 from b70ctl.files import write_text_atomically
 from b70ctl.svg import PT_PER_INCH, Axes, Canvas, LegendEntry, data_limits, legend_width, nice_ticks
 from b70ctl.tune.model import SHORT_NAMES, CandidateResult, Figures, TuneReport, knob_applies
@@ -24,25 +26,25 @@ def _tok(value: float | None) -> str:
 
 def _figures_row(name: str, figures: Figures | None) -> str:
     if figures is None:
-        return f"| {name} | - | - | - | 0 |"
-    return (f"| {name} | {_tok(figures.score_tok_s)} | {_tok(figures.median_tok_s)} | {_tok(figures.mad_tok_s)} "
+        return f"| {text(name)} | - | - | - | 0 |"
+    return (f"| {text(name)} | {_tok(figures.score_tok_s)} | {_tok(figures.median_tok_s)} | {_tok(figures.mad_tok_s)} "
             f"| {figures.n} |")
 
 
 def tune_markdown(report: TuneReport) -> str:
     labels = {c.key: c.label for c in report.candidates}
-    lines = [f"# Tune of {report.recipe} (vLLM {report.vllm_version})", "",
-             f"**{report.summary}.**", ""]
+    lines = [f"# Tune of {text(report.recipe)} (vLLM {text(report.vllm_version)})", "",
+             f"**{text(report.summary)}.**", ""]
     if report.outcome == "tuned":
         lines += ["Overrides to apply (b70_tuned.yml): "
-                  + ", ".join(f"`{name}={value}`" for name, value in report.tuned_overrides.items()), ""]
+                  + ", ".join(markdown_code(f"{name}={value}") for name, value in report.tuned_overrides.items()), ""]
     lines += [
         f"Score = median - 1.4826 x MAD of the per-request decode rate (tok/s, engine clock) over the workload mix "
-        f"({', '.join(report.workloads)}): a setting fast once and slow often loses. A candidate whose greedy "
+        f"({text(', '.join(report.workloads))}): a setting fast once and slow often loses. A candidate whose greedy "
         "output differs from the target-only baseline is out whatever its speed.", "",
         f"Budget: {report.spent_requests} of {report.budget_requests} measured requests (warm-ups not counted); "
         f"{report.started_at:%Y-%m-%d %H:%M} to {report.finished_at:%H:%M} UTC"
-        + (f"; oneCCL profile {report.profile}" if report.profile else "") + ".", ""]
+        + (f"; oneCCL profile {text(report.profile)}" if report.profile else "") + ".", ""]
     if report.final is not None:
         lines += ["## Winner against the recipe's default, measured back to back", "",
                   "| candidate | score | median | MAD | n |", "|---|---|---|---|---|"]
@@ -56,14 +58,14 @@ def tune_markdown(report: TuneReport) -> str:
                                                       -(c.halving.score_tok_s or 0.0)))
     for candidate in ranked:
         name = candidate.label + (" (recipe's default)" if candidate.is_default else "")
-        lines.append(f"| {name} | {candidate.rounds} | {_tok(candidate.halving.score_tok_s)} "
+        lines.append(f"| {text(name)} | {candidate.rounds} | {_tok(candidate.halving.score_tok_s)} "
                      f"| {_tok(candidate.halving.median_tok_s)} | {_tok(candidate.halving.mad_tok_s)} "
-                     f"| {candidate.halving.n} | {candidate.correctness or '-'} "
-                     f"| {'disqualified: ' + candidate.disqualified if candidate.disqualified else ''} |")
+                     f"| {candidate.halving.n} | {text(candidate.correctness or '-')} "
+                     f"| {text('disqualified: ' + candidate.disqualified) if candidate.disqualified else ''} |")
     lines += ["", "## Rounds", "", "| round | requests per workload | measured | kept |", "|---|---|---|---|"]
     for tune_round in report.rounds:
         lines.append(f"| {tune_round.index} | {tune_round.requests_per_workload} | {len(tune_round.measured)} "
-                     f"| {'; '.join(labels[key] for key in tune_round.kept)} |")
+                     f"| {text('; '.join(labels[key] for key in tune_round.kept))} |")
     lines += ["", f"![score against each knob]({PLOT_FILE})", ""]
     return "\n".join(lines)
 
