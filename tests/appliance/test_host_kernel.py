@@ -136,7 +136,7 @@ def test_a_stock_firmware_whose_guc_is_refused_converges_in_two_runs_and_one_reb
     first = run_playbook(inventory, "--tags", "preflight,host_kernel", playbook="playbooks/host.yml")
     assert first.returncode != 0
     assert_recap(first, [host.name], failed=1)
-    assert (f"{host.name}: installed /lib/firmware/updates/xe/bmg_guc_70.bin (GPU 0000:03:00.0 loaded GuC 70.58.0 "
+    assert (f"{host.name}: installed /lib/firmware/updates/xe/bmg_guc_70.bin (GPU 0000:05:00.0 loaded GuC 70.58.0 "
             "resets engines") in first.output, first.output[-4000:]
     assert ("firmware-linux-free's own GuC is refused too (GuC 70.58.0 resets engines and faults): installing GuC "
             "70.72.1") in first.output
