@@ -54,6 +54,15 @@ def _lock_check(appliance: Appliance, host: str) -> subprocess.CompletedProcess:
                           input=shown, capture_output=True, text=True)
 
 
+def _rerun_changes_nothing(inventory, host: str) -> None:
+    """After the reboot: preflight and host_kernel again, and the host is as the plan wanted it."""
+    again = run_playbook(inventory, "--tags", "preflight,host_kernel", playbook="playbooks/host.yml")
+    assert again.returncode == 0, again.output[-4000:]
+    assert_recap(again, [host], changed=0, failed=0)
+    assert f"{host}: host_kernel: 2 GPU(s) bound to xe under kernel 6.17.0-1009-intel, firmware good." \
+        in again.output
+
+
 def test_a_kernel_that_cannot_drive_the_b70s_is_replaced_from_the_lock_and_the_play_stops_for_the_reboot(
         appliance: Appliance) -> None:
     host = appliance.host(4)
@@ -99,11 +108,7 @@ def test_a_kernel_that_cannot_drive_the_b70s_is_replaced_from_the_lock_and_the_p
     restart_host(host.name)
     give_hardware(host.name, "b70x2-switch-192gb", appliance.work_dir)
     _model_disk(host.name)
-    again = run_playbook(inventory, "--tags", "preflight,host_kernel", playbook="playbooks/host.yml")
-    assert again.returncode == 0, again.output[-4000:]
-    assert_recap(again, [host.name], changed=0, failed=0)
-    assert f"{host.name}: host_kernel: 2 GPU(s) bound to xe under kernel 6.17.0-1009-intel, firmware good." \
-        in again.output
+    _rerun_changes_nothing(inventory, host.name)
     assert _dpkg(host.name) == after
 
 
@@ -146,8 +151,4 @@ def test_a_stock_firmware_whose_guc_is_refused_converges_in_two_runs_and_one_reb
 
     assert _emulated_reboot(host.name) == "70.72.1"
     _model_disk(host.name)
-    again = run_playbook(inventory, "--tags", "preflight,host_kernel", playbook="playbooks/host.yml")
-    assert again.returncode == 0, again.output[-4000:]
-    assert_recap(again, [host.name], changed=0, failed=0)
-    assert f"{host.name}: host_kernel: 2 GPU(s) bound to xe under kernel 6.17.0-1009-intel, firmware good." \
-        in again.output
+    _rerun_changes_nothing(inventory, host.name)
