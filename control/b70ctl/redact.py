@@ -101,10 +101,29 @@ def _cut_length(form: str) -> int:
     return max(MIN_CUT_CHARS, (len(form) + 1) // 2)
 
 
+_TRUNCATION_MARKS = ("…", "...")
+
+
+def _is_cut_end(text: str, end: int, form: str, kept: int) -> bool:
+    """Whether text[:end], holding form[:kept], is the form cut short there rather than a word that happens to
+    begin like it: the text ends, or a truncation mark follows, or the form goes on inside a word (a letter or
+    digit) where the text does not. "rehearsal" in "serve/rehearsal.yaml" is not the key "rehearsal-key-3e9a" cut
+    short: the key goes on with "-" there, so the word is whole."""
+    if end == len(text) or text.startswith(_TRUNCATION_MARKS, end):
+        return True
+    return form[kept].isalnum() and not text[end].isalnum()
+
+
+def _is_cut_start(text: str, start: int, form: str, dropped: int) -> bool:
+    """The same at the front: text[start:] begins with form[dropped:]."""
+    if start == 0 or text.endswith(_TRUNCATION_MARKS, 0, start):
+        return True
+    return form[dropped - 1].isalnum() and not text[start - 1].isalnum()
+
+
 def _redact_form(text: str, form: str) -> str:
-    """Every whole occurrence of `form`, then every cut one: a prefix of `form` that runs to the end of `text` or
-    stops where `form` and the text part, and a suffix that starts where they part, each of at least
-    _cut_length characters."""
+    """Every whole occurrence of `form`, then every cut one: a prefix of `form` of at least _cut_length characters
+    that ends where the form was cut (_is_cut_end), and a suffix that starts where it was cut."""
     text = text.replace(form, REDACTED)
     cut = _cut_length(form)
     if len(form) < MIN_CUT_CHARS or len(form) <= cut:
@@ -114,26 +133,33 @@ def _redact_form(text: str, form: str) -> str:
         return text
     pieces: list[str] = []
     position = 0
+    search = 0
     while True:
-        found = text.find(head, position)
+        found = text.find(head, search)
         if found < 0:
             break
         end = found + cut
         while end < len(text) and end - found < len(form) and text[end] == form[end - found]:
             end += 1
+        if end - found < len(form) and not _is_cut_end(text, end, form, end - found):
+            search = found + 1
+            continue
         pieces += [text[position:found], REDACTED]
-        position = end
+        position = search = end
     text = "".join(pieces) + text[position:]
-    pieces, position = [], 0
+    pieces, position, search = [], 0, 0
     while True:
-        found = text.find(tail, position)
+        found = text.find(tail, search)
         if found < 0:
             break
-        start, kept = found, len(form) - cut  # extend backwards while the text reads as the form's end
-        while start > position and kept > 0 and text[start - 1] == form[kept - 1]:
-            start, kept = start - 1, kept - 1
+        start, dropped = found, len(form) - cut  # extend backwards while the text reads as the form's end
+        while start > position and dropped > 0 and text[start - 1] == form[dropped - 1]:
+            start, dropped = start - 1, dropped - 1
+        if dropped > 0 and not _is_cut_start(text, start, form, dropped):
+            search = found + 1
+            continue
         pieces += [text[position:start], REDACTED]
-        position = found + cut
+        position = search = found + cut
     return "".join(pieces) + text[position:]
 
 

@@ -404,3 +404,24 @@ def test_a_workload_name_that_is_a_path_is_refused_naming_the_field(name, tmp_pa
                                           r"usable as a file name .*: rename the workload")
     assert_left_clean(tmp_path, before, [])
     assert not (tmp_path / "x").exists() and not Path("/abs").exists()
+
+
+@pytest.mark.parametrize(("text", "redacted"), [
+    # The key cut short where something cut it: at the end, before a truncation mark, inside one of its words.
+    ("key rehearsal-key-3e…", "key [redacted]…"),
+    ("echo rehearsal-ke", "echo [redacted]"),
+    ('"auth": "rehearsal-key-"', '"auth": "[redacted]"'),
+    ("x rehearsal-key-3e9a y", "x [redacted] y"),
+    # A whole word of the product's own that only begins like the key is left as it is: the rehearsal's report.json
+    # key "rehearsal" and its overlay's file name were once both "[redacted]" (the key is "rehearsal-key-3e9a").
+    ('{"rehearsal": ["models: tiny"]}', '{"rehearsal": ["models: tiny"]}'),
+    ("control/b70ctl/serve/rehearsal.yaml", "control/b70ctl/serve/rehearsal.yaml"),
+])
+def test_a_cut_secret_is_redacted_and_a_word_that_begins_like_it_is_not(text, redacted):
+    from b70ctl.redact import forget_secrets, keep_secret, redact
+
+    keep_secret("rehearsal-key-3e9a")  # tests/appliance/rehearsal.py's API key
+    try:
+        assert redact(text) == redacted
+    finally:
+        forget_secrets()
