@@ -183,9 +183,12 @@ def test_a_stock_26_04_host_gets_the_good_guc_before_its_one_reboot(guc_blobs, t
     first = kernel_plan(recipe, collect_facts(str(root)), "Ubuntu", "resolute", matrix)
     assert first.needed and first.reboot_required and first.refused is None and first.packages == []
     assert first.guc_override is not None and first.guc_override.guc == "70.72.1"
-    assert first.reason.endswith(f"installing GuC 70.72.1 (Debian firmware-intel-graphics 20260916-1 "
-                                 f"(deb.debian.org non-free-firmware), the upstream linux-firmware 20260916 blob) as "
-                                 f"/lib/firmware/updates/{GUC}, where the kernel looks first"), first.reason
+    assert (f"installing GuC 70.72.1 (Debian firmware-intel-graphics 20260916-1 (deb.debian.org non-free-firmware), "
+            f"the upstream linux-firmware 20260916 blob) as /lib/firmware/updates/{GUC}, where the kernel looks first; "
+            "caution: GuC 70.72.1: a deterministic two-GPU TP=2 startup hang") in first.reason, first.reason
+    # The open report against the installed GuC is named with its thread and the way out.
+    assert "(intel/compute-runtime #999, GSD-13481" in first.reason
+    assert "put a GuC 70.65 xe/bmg_guc_70.bin in /lib/firmware/updates/xe/" in first.reason
     # Preflight lets it through to host_kernel (this 128 GB tree's other verdicts are not about firmware).
     assert not any("GuC" in reason for reason in play_fit(play_host(root), recipe, matrix).reasons)
 

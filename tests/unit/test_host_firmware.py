@@ -90,6 +90,22 @@ def test_guc_70_65_0_passes(tmp_path):
     _set_guc(root, "70.65.0")
     result = host_fit(load_recipe("dspark-int4-tp1"), collect_facts(str(root)))
     assert result.firmware.fits and "GuC 70.65.0" in result.firmware.reason
+    assert "caution" not in result.firmware.reason
+
+
+# intel/compute-runtime #999 (GSD-13481, open, 2026-09-17): "On 2x Intel Arc Pro B65 (Battlemage G31, 8086:e222)
+# under the xe driver, a deterministic two-GPU tensor-parallel LLM serving startup (vLLM TP=2 ...) fails every time"
+# on GuC 70.72.1. Accepted (it is above the floor and cleared 70.58.0's resets in vllm #55425), but the fit says so
+# once, with the thread and the way out, however many cards loaded it.
+def test_guc_70_72_1_passes_with_its_open_report_named_once(tmp_path):
+    root = _tree(tmp_path)
+    _set_guc(root, "70.72.1")
+    result = host_fit(load_recipe("pr620-fp8-tp2"), collect_facts(str(root)))
+    assert result.firmware is not None and result.firmware.fits
+    assert result.firmware.guc_releases == ["70.72.1", "70.72.1"]
+    reason = result.firmware.reason
+    assert reason.count("caution: GuC 70.72.1: a deterministic two-GPU TP=2 startup hang") == 1, reason
+    assert "intel/compute-runtime #999" in reason and "/lib/firmware/updates/xe/" in reason
 
 
 # docs/facts.md (Hardware): Resizable BAR must be on; with it off the VRAM aperture (BAR 2) stays 256 MiB.

@@ -23,6 +23,21 @@ GUC_BROKEN = {"70.58.0": "intel/compute-runtime #948, vllm-project/vllm #55425"}
 GUC_CLEARED = ("70.65.0", "70.72.1")
 # The B70 floor: docs/facts.md, Hardware ("GuC 70.54+ recommended"; facts.py GUC_RECOMMENDED warns below it).
 GUC_FLOOR = (70, 54, 0)
+# GuC releases that are accepted but carry an open report an owner should weigh before a TP=2 start, with what to do.
+# 70.72.1 is the release the matrix installs where an archive's own GuC is refused (releases.yaml guc_override): the
+# newest blob the package registries serve, and the one that cleared 70.58.0's resets in vllm-project/vllm #55425.
+GUC_CAUTION = {
+    "70.72.1": ("a deterministic two-GPU TP=2 startup hang on Battlemage G31 is reported against it, open: GuC takes "
+                "the context and never runs it, until a 'not started' timeout (intel/compute-runtime #999, "
+                "GSD-13481, 2x Arc Pro B65); owners quote Intel's OMIX support matrix as validating GuC 70.65. If TP=2 "
+                "hangs at its first collective, put a GuC 70.65 xe/bmg_guc_70.bin in /lib/firmware/updates/xe/: the "
+                "appliance keeps any accepted GuC it finds there"),
+}
+
+
+def guc_caution(release: str | None) -> str | None:
+    """The open report against an accepted GuC release (GUC_CAUTION), or None."""
+    return f"GuC {release}: {GUC_CAUTION[release]}" if release in GUC_CAUTION else None
 
 
 def guc_refusal(release: str | None) -> str | None:
@@ -69,5 +84,6 @@ def firmware_fit(recipe: Recipe, facts: dict[str, Any]) -> FirmwareFit:
     if problems:
         return FirmwareFit(fits=False, reason="; ".join(problems), guc_releases=releases, vram_bar_mib=bar_mib)
     known = ", ".join(f"GuC {release}" for release in releases if release) or "GuC unknown (debugfs is root only)"
-    return FirmwareFit(fits=True, reason=f"{known}; VRAM BAR {', '.join(str(mib) for mib in bar_mib) or 'n/a'} MiB",
-                       guc_releases=releases, vram_bar_mib=bar_mib)
+    cautions = [f"; caution: {caution}" for caution in dict.fromkeys(map(guc_caution, releases)) if caution]
+    return FirmwareFit(fits=True, reason=f"{known}; VRAM BAR {', '.join(str(mib) for mib in bar_mib) or 'n/a'} MiB"
+                       + "".join(cautions), guc_releases=releases, vram_bar_mib=bar_mib)

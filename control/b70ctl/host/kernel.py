@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from b70ctl.documents import Pinned
-from b70ctl.host.firmware import GUC_CLEARED, guc_refusal
+from b70ctl.host.firmware import GUC_CLEARED, guc_caution, guc_refusal
 from b70ctl.host.releases import GucOverride, Release, ReleaseMatrix, load_matrix
 from b70ctl.recipes.model import Recipe
 from b70ctl.versions import version_at_least
@@ -116,7 +116,8 @@ def kernel_plan(recipe: Recipe, facts: dict[str, Any], distribution: str, codena
                         f"{loaded}; {release.firmware.package}'s own GuC is refused too "
                         f"({locked_refusal.split(' (')[0]}): installing "
                         f"GuC {override.guc} ({override.read_from.split(';')[0]}) as {override.host_path}, where "
-                        "the kernel looks first"]))
+                        "the kernel looks first"] + [f"caution: {caution}" for caution in [guc_caution(override.guc)]
+                                                     if caution]))
             if locked is not None and (locked_refusal := guc_refusal(locked.release)) is not None:
                 # The reboot loop of a stock 26.04 host: its archive firmware carries the refused GuC, so
                 # installing it and rebooting would load the same GuC again.
