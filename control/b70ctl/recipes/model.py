@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from b70ctl.errors import first_problem
 from b70ctl.escaping import path_part_problem
 from b70ctl.models.tiny import TinySpec
+from b70ctl.recipes.vllm_lines import line_refusal
 from b70ctl.versions import version_at_least
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -465,6 +466,10 @@ class Recipe(Strict):
                 raise ValueError(
                     "method 'dspark' runs only on Model Runner V2: remove VLLM_USE_V2_MODEL_RUNNER=0 from serve.env"
                 )
+        refusal = line_refusal(self.vllm_version, spec.method if spec else None,
+                               spec.draft_sample_method if spec else None, self.serve.env)
+        if refusal is not None:
+            raise ValueError(refusal)
         if spec is not None and spec.enable_adaptive_verification and self.target.has_linear_attention:
             raise ValueError(
                 "enable_adaptive_verification is rejected by vLLM for targets with GDN linear-attention layers "
