@@ -6,19 +6,21 @@ The journal commands are built by pure functions, so the local and the SSH path 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import shlex
 import socket
+import stat
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from itertools import chain
 from pathlib import Path
 from typing import Any, TextIO
 
+from b70ctl.diagnose.match import LineBatch
 from b70ctl.diagnose.model import LogKind, LogLine
 from b70ctl.errors import BadInput
 from b70ctl.extras import require
@@ -36,9 +38,9 @@ SSH_TIMEOUT_S = 15.0
 MAX_LOG_BYTES = 2**30
 LOG_FIX = "save the log (the part around the failure: tail -c 100M, journalctl --since) to a file, or pipe it in"
 LOG_CUT_FIX = "give the part around the failure (tail -c 100M, journalctl --since)"
-# A log is read a line at a time, at most this many characters per read: a line with no end (a tensor dump, a
-# binary file) is read in pieces, never whole.
-READ_CHARS = 2**16
+# A log is read this many characters at a time, cut into lines: a line with no end (a tensor dump, a binary file)
+# is read in pieces, never whole, and the matcher's prefilter searches a whole read at once.
+READ_CHARS = 2**20
 # Characters kept of one line: the matcher reads a line's first MAX_LINE_CHARS (match.py); the rest of a longer
 # line is read and dropped.
 MAX_KEPT_LINE_CHARS = 2**16
@@ -110,34 +112,34 @@ def _as_report(text: str) -> dict[str, Any] | None:
     return None
 
 
-def _text_lines(chunks: Iterable[str]) -> Iterator[str]:
-    """The lines of the text `chunks` make, as str.splitlines() would cut the whole text, without holding it: a
-    line is kept up to MAX_KEPT_LINE_CHARS (the rest of it is read and dropped)."""
-    pending: list[str] = []
-    kept = 0
-    for chunk in chunks:
-        for part in chunk.splitlines(keepends=True):
-            body = part.splitlines()[0]
-            if kept < MAX_KEPT_LINE_CHARS:
-                pending.append(body[:MAX_KEPT_LINE_CHARS - kept])
-                kept += len(pending[-1])
-            if len(body) < len(part):  # the part ends a line
-                yield "".join(pending)
-                pending, kept = [], 0
-    if pending:
-        yield "".join(pending)
+# What str.splitlines() cuts at. A text ending in \r may be cut in the middle of a \r\n.
+_LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
 
-def _read_chunks(stream: TextIO, where: str, first: str = "") -> Iterator[str]:
-    """`first` (what was read already), then the rest of `stream`, a line (or READ_CHARS of one) at a time; past
-    MAX_LOG_BYTES, a BadInput (stdin, or a file still being written, has no size to check before)."""
+def _text_batches(stream: TextIO, where: str, first: str = "") -> Iterator[tuple[list[str], int]]:
+    """The lines of `first` and the rest of `stream` (as str.splitlines() would cut the whole text, without holding
+    it), READ_CHARS at a time: each time the complete lines read, and how many characters that read took. A line is
+    kept up to MAX_KEPT_LINE_CHARS (the rest of it is read and dropped); past MAX_LOG_BYTES, a BadInput (stdin, or a
+    file still being written, has no size to check before)."""
     total = 0
-    for source in (io.StringIO(first), stream):
-        while chunk := source.readline(READ_CHARS):
-            total += len(chunk)
-            if total > MAX_LOG_BYTES:
-                raise over_cap(where, None, MAX_LOG_BYTES, LOG_CUT_FIX)
-            yield chunk
+    carry = ""
+    for chunk in chain([first], iter(lambda: stream.read(READ_CHARS), "")):
+        if not chunk:
+            continue
+        total += len(chunk)
+        if total > MAX_LOG_BYTES:
+            raise over_cap(where, None, MAX_LOG_BYTES, LOG_CUT_FIX)
+        text = carry + chunk
+        lines = text.splitlines()
+        ends_line = text[-1] in _LINE_BREAKS and text[-1] != "\r"
+        carry = ""
+        if not ends_line:  # the last line goes on in the next read (a \r may be the first half of a \r\n)
+            carry = lines.pop()[:MAX_KEPT_LINE_CHARS] + ("\r" if text[-1] == "\r" else "")
+        if lines and max(map(len, lines)) > MAX_KEPT_LINE_CHARS:
+            lines = [line[:MAX_KEPT_LINE_CHARS] for line in lines]
+        yield lines, len(chunk)
+    if carry:
+        yield carry.splitlines() or [""], 0
 
 
 def _open_log(path: str) -> tuple[TextIO, str]:
@@ -151,29 +153,67 @@ def _open_log(path: str) -> tuple[TextIO, str]:
     return os.fdopen(handle, encoding="utf-8", errors="replace"), where
 
 
-def stream_log(path: str) -> Iterator[LogLine]:
-    """The lines of a log file (`-`: stdin) as they are read, or the findings of a verify report.json (recognised
-    by its content: a document starting with `{` that fits MAX_REPORT_BYTES is tried as one). The file is opened
-    (and refused) before the first line is asked for; only the lines asked for are held."""
+def _open_stream(path: str) -> tuple[TextIO, str, str]:
+    """The stream of a --log (`-`: stdin), where to name it in a message, and its name in a diagnosis."""
     if path == "-":
-        stream, where, name = sys.stdin, "--log -", "stdin"
-    else:
-        stream, where = _open_log(path)
-        name = path
+        return sys.stdin, "--log -", "stdin"
+    stream, where = _open_log(path)
+    return stream, where, path
 
-    def lines() -> Iterator[LogLine]:
+
+def stream_log_batches(path: str, progress: Callable[[int], None] | None = None) -> Iterator[LineBatch]:
+    """The lines of a log file (`-`: stdin) in batches as they are read, or the findings of a verify report.json
+    (recognised by its content: a document starting with `{` that fits MAX_REPORT_BYTES is tried as one). The file
+    is opened (and refused) before the first batch is asked for; only the batch being read is held. `progress` is
+    told how many characters each read took."""
+    stream, where, name = _open_stream(path)
+
+    def batches() -> Iterator[LineBatch]:
         try:
             head = stream.read(READ_CHARS)
             if head.lstrip().startswith("{"):
                 head += stream.read(MAX_REPORT_BYTES + 1 - len(head))
                 if len(head) <= MAX_REPORT_BYTES and (report := _as_report(head)) is not None:
-                    yield from report_lines(report, name)
+                    found = report_lines(report, name)
+                    yield LineBatch(log=name, first_number=1, texts=[line.text for line in found],
+                                    kind_of=lambda _text: "verify", lines=found)
                     return
-            for number, text in enumerate(_text_lines(_read_chunks(stream, where, head)), start=1):
-                yield LogLine(log=name, kind=classify(text), number=number, text=text)
+            number = 1
+            for lines, read in _text_batches(stream, where, head):
+                if progress is not None:
+                    progress(read)
+                if lines:
+                    yield LineBatch(log=name, first_number=number, texts=lines, kind_of=classify)
+                    number += len(lines)
         finally:
             if stream is not sys.stdin:
                 stream.close()
+
+    return batches()
+
+
+def log_size(path: str) -> int | None:
+    """A --log file's size in bytes (None for stdin or what is not a regular file): how long a read will be."""
+    if path == "-":
+        return None
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_size if stat.S_ISREG(status.st_mode) else None
+
+
+def stream_log(path: str) -> Iterator[LogLine]:
+    """The lines of a log file (`-`: stdin) one by one, as stream_log_batches reads them."""
+    batches = stream_log_batches(path)
+
+    def lines() -> Iterator[LogLine]:
+        for batch in batches:
+            if batch.lines is not None:
+                yield from batch.lines
+                continue
+            for offset, text in enumerate(batch.texts):
+                yield LogLine(log=batch.log, kind=batch.kind_of(text), number=batch.first_number + offset, text=text)
 
     return lines()
 

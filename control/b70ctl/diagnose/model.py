@@ -27,6 +27,18 @@ Severity = Literal["failure", "harmless"]
 SourceKind = Literal["docs", "capture", "issue", "upstream"]
 REPOSITORY_SOURCE_KINDS = ("docs", "capture")
 FixKind = Literal["env", "profile", "recipe", "command", "image", "host", "none"]
+# The layer of the stack a failure belongs to, read from the shape of its lines: the xe kernel driver with its
+# GuC/HuC firmware, PCIe and power; the Level Zero loader and driver with UR/SYCL above them; oneCCL;
+# torch/triton/inductor and the vllm-xpu-kernels extension built against it; vLLM's configuration and scheduler; the
+# model and quantization loader; the container's device access; the host's memory.
+Layer = Literal["kernel-driver", "level-zero", "oneccl", "torch", "vllm", "model-loader", "container",
+                "host-memory"]
+LAYERS: Final[tuple[str, ...]] = ("kernel-driver", "level-zero", "oneccl", "torch", "vllm", "model-loader",
+                                  "container", "host-memory")
+# How an entry's issue source relates to its fix (tests/fixtures/field/index.yaml keeps each thread's settled fix):
+# the thread settled on this entry's fix (or one of its causes'); the thread ended without one; or it is cited for
+# a fact (a line, a version) and its own fix is about something else.
+ThreadOutcome = Literal["settled", "unsettled", "context"]
 
 
 class Pattern(_Model):
@@ -57,6 +69,9 @@ class Cause(_Model):
     cause: str = Field(min_length=1, description="What was behind the failure in the threads that settled it")
     how_to_tell: str = Field(min_length=1, description="What tells this cause from the others on a host")
     fix: Fix
+    # Lines that show this cause in a log (a setting echoed, a version, a call): when one matches, the diagnosis
+    # picks this cause and its fix. Without any, the cause is listed and never picked from a log alone.
+    evidence: list[Pattern] = Field(default_factory=list)
 
 
 class Source(_Model):
@@ -64,6 +79,8 @@ class Source(_Model):
     ref: str = Field(min_length=1, description="docs/<file>.md: <section>, a fixture path, an issue URL or a named "
                                                "public document")
     quote: str | None = Field(None, description="The outside text the patterns were written from")
+    thread: ThreadOutcome | None = Field(None, description="An issue source: whether the thread settled on this "
+                                                           "entry's fix, settled on nothing, or is cited for a fact")
 
     @model_validator(mode="after")
     def _ref_fits_kind(self, info: ValidationInfo) -> Source:
@@ -100,6 +117,10 @@ class Signature(_Model):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     title: str
     severity: Severity
+    layer: Layer | None = Field(None, description="The layer of the stack the failure is in")
+    # A layer's generic entry: its fix is the first step whatever the specific cause, and it is reported only when
+    # no specific failure of the same layer matched.
+    generic: bool = False
     patterns: list[Pattern] = Field(min_length=1)
     # Each of these must also match some line read, anywhere, for the signature to be reported.
     requires: list[Pattern] = Field(default_factory=list)
@@ -124,6 +145,8 @@ class Signature(_Model):
             raise ValueError(f"{self.id}: a harmless entry has no causes")
         if self.causes and self.causes[0].fix != self.fix:
             raise ValueError(f"{self.id}: fix must be the first (most likely) cause's fix")
+        if self.generic and self.layer is None:
+            raise ValueError(f"{self.id}: a generic entry names its layer")
         return self
 
 
@@ -159,8 +182,13 @@ class Match(_Model):
     title: str
     severity: Severity
     meaning: str
-    fix: Fix
+    fix: Fix = Field(description="The fix of the cause the log shows (picked_cause), else the most likely cause's")
     causes: list[Cause] = Field(default_factory=list, description="Settled causes, most likely first")
+    picked_cause: int | None = Field(None, description="Index in causes of the cause whose own evidence is in the "
+                                                       "log; null when the log does not tell them apart")
+    cause_evidence: list[LogLine] = Field(default_factory=list, description="The lines that picked that cause")
+    layer: str | None = Field(None, description="The layer of the stack the failure is in")
+    generic: bool = Field(False, description="A layer's generic entry: the first step whatever the cause")
     sources: list[Source]
     applies_to: AppliesTo
     evidence: list[LogLine] = Field(description="The first lines that matched (at most a few per signature)")
@@ -174,13 +202,40 @@ class Contradiction(_Model):
     text: str
 
 
+class LogContext(_Model):
+    """What a log says about the run it came from, for a person searching the right tracker."""
+
+    versions: dict[str, str] = Field(default_factory=dict, description="Versions the log shows (vllm, torch, "
+                                                                       "kernel, GuC, compute-runtime, ...)")
+    settings: dict[str, str] = Field(default_factory=dict, description="Serve settings the log echoes "
+                                                                       "(gpu_memory_utilization, max_model_len, ...)")
+    failing_call: str | None = Field(None, description="The call that failed, read from the trace: load, profile "
+                                                       "run, warm-up, graph capture, first collective")
+
+
+class UnknownFailure(_Model):
+    """A failure seen, whose cause the catalogue does not know: the decisive lines and the layer they belong to."""
+
+    lines: list[LogLine] = Field(description="The first lines that show the failure (errors, exceptions, codes)")
+    layers: list[str] = Field(description="The layers those lines belong to, first seen first; empty when the "
+                                          "lines do not say")
+    codes: list[str] = Field(default_factory=list, description="ZE_RESULT_* / UR_RESULT_* codes the lines name")
+
+
 class Diagnosis(_Model):
     logs: list[str] = Field(description="What was read")
     lines_read: int
     failures: list[Match]
     harmless: list[Match]
     contradictions: list[Contradiction] = Field(default_factory=list)
+    unknown: UnknownFailure | None = Field(None, description="A failure no entry names (only when none did)")
+    context: LogContext = Field(default_factory=LogContext)
 
     @property
     def found_failure(self) -> bool:
         return bool(self.failures or self.contradictions)
+
+    @property
+    def cause_unknown(self) -> bool:
+        """A failure is in the logs and no entry, specific or generic, names it."""
+        return not self.found_failure and self.unknown is not None
