@@ -1,0 +1,147 @@
+"""b70ctl diagnose on the held-out field corpus: logs its catalogue was not written from.
+
+    .venv/bin/python benchmarks/diagnose_heldout.py [--index tests/fixtures/field/heldout/index.yaml] [--json]
+
+Runs the real `b70ctl.diagnose` (diagnose_lines over read_log, as tests/unit/test_diagnose_field.py does) on every
+entry of the held-out index and sorts each case by what an owner would be told:
+
+  named right    a failure where a match's id is in `expect` and its fix text (fix, command, env, causes) holds
+                 every `fix_mentions` string; or `expect` is [] and the thread settled on nothing and diagnose
+                 names nothing (an honest "not known")
+  named wrong    a failure where diagnose names something, but not that: a confident fix the thread disagrees
+                 with, or any fix where the catalogue has no entry for the case
+  missed         a failure where diagnose names nothing and a named fix was due
+  healthy flagged a healthy run where diagnose names a failure
+
+The layer column compares `expect_layer` with the layers diagnose gives (its matches' layers, else the layers
+of the lines it could not name), where this version of diagnose gives any.
+
+To measure the committed code rather than a working tree, run it against an export of HEAD:
+    git archive HEAD control | tar -x -C /tmp/head && PYTHONPATH=/tmp/head/control .venv/bin/python ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from b70ctl.diagnose import Diagnosis, Match, diagnose_lines, load_catalogue
+from b70ctl.diagnose.collect import read_log
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_INDEX = REPO / "tests" / "fixtures" / "field" / "heldout" / "index.yaml"
+VERDICTS = ("named right", "named wrong", "missed", "healthy clean", "healthy flagged")
+# The held-out index has its own names for the eight layers; diagnose's model uses short ones for the same eight.
+HELDOUT_LAYER = {"kernel-driver": "kernel-firmware-pcie", "level-zero": "level-zero-ur-sycl", "oneccl": "oneccl",
+                 "torch": "torch-triton-kernels-abi", "vllm": "vllm-config-scheduler", "model-loader": "model-loader",
+                 "container": "container-device", "host-memory": "host-memory"}
+
+
+def fix_text(match: Match) -> str:
+    """Everything diagnose prints as the way out of a match (the same text test_diagnose_field.py reads)."""
+    return json.dumps(match.model_dump(include={"fix", "causes"}, mode="json"))
+
+
+def settled_on_nothing(entry: dict[str, Any]) -> bool:
+    return not entry["fix_mentions"] and str(entry["thread_fix"]).startswith("none settled")
+
+
+def verdict(entry: dict[str, Any], diagnosis: Diagnosis) -> str:
+    named = diagnosis.failures
+    if entry["kind"] == "healthy":
+        return "healthy flagged" if named else "healthy clean"
+    agreeing = [match for match in named if match.id in entry["expect"]
+                and all(mention in fix_text(match) for mention in entry["fix_mentions"])]
+    if agreeing:
+        return "named right"
+    if not named:
+        return "named right" if not entry["expect"] and settled_on_nothing(entry) else "missed"
+    return "named wrong"
+
+
+def layers_given(diagnosis: Diagnosis) -> list[str]:
+    """The layers this diagnose names, in the held-out index's words, if its model carries layers at all."""
+    layers = [layer for match in diagnosis.failures if (layer := getattr(match, "layer", None))]
+    unknown = getattr(diagnosis, "unknown", None)
+    if not layers and unknown is not None:
+        layers = list(getattr(unknown, "layers", []) or [])
+    return list(dict.fromkeys(HELDOUT_LAYER.get(layer, layer) for layer in layers))
+
+
+def run(index: Path) -> dict[str, Any]:
+    entries: list[dict[str, Any]] = yaml.safe_load(index.read_text()) or []
+    catalogue = load_catalogue()
+    cases = []
+    for entry in entries:
+        log = index.parent / "logs" / f"{entry['id']}.log"
+        diagnosis = diagnose_lines(catalogue, read_log(str(log)), [log.name])
+        layers = layers_given(diagnosis)
+        cases.append({
+            "id": entry["id"],
+            "kind": entry["kind"],
+            "url": entry["url"],
+            "expect_layer": entry.get("expect_layer"),
+            "expect": entry["expect"],
+            "fix_mentions": entry["fix_mentions"],
+            "named": [match.id for match in diagnosis.failures],
+            "layers": layers,
+            "layer_right": None if entry["kind"] == "healthy" or not layers else entry.get("expect_layer") in layers,
+            "verdict": verdict(entry, diagnosis),
+        })
+    failures = [case for case in cases if case["kind"] == "failure"]
+    healthy = [case for case in cases if case["kind"] == "healthy"]
+    counts = {name: sum(case["verdict"] == name for case in cases) for name in VERDICTS}
+    return {
+        "index": str(index.resolve().relative_to(REPO)) if index.resolve().is_relative_to(REPO) else str(index),
+        "failures": len(failures),
+        "healthy": len(healthy),
+        "counts": counts,
+        "named_right_share": counts["named right"] / len(failures) if failures else None,
+        "named_wrong_share": counts["named wrong"] / len(failures) if failures else None,
+        "layer_given": sum(case["layer_right"] is not None for case in failures),
+        "layer_right": sum(case["layer_right"] is True for case in failures),
+        "cases": cases,
+    }
+
+
+def share(part: int, whole: int) -> str:
+    return f"{part}/{whole} ({100 * part / whole:.0f}%)" if whole else f"{part}/0"
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = ["| case | layer (held-out) | expect | diagnose names | layers given | verdict |",
+            "|---|---|---|---|---|---|"]
+    for case in result["cases"]:
+        rows.append("| {} | {} | {} | {} | {} | {} |".format(
+            case["id"], case["expect_layer"] or "-", ", ".join(case["expect"]) or "[]",
+            ", ".join(case["named"]) or "nothing", ", ".join(case["layers"]) or "-", case["verdict"]))
+    counts, failures, healthy = result["counts"], result["failures"], result["healthy"]
+    rows += [
+        "",
+        f"Held-out failures {failures}, healthy runs {healthy} ({result['index']})",
+        f"named with the settled fix: {share(counts['named right'], failures)}",
+        f"named wrong:                {share(counts['named wrong'], failures)}",
+        f"missed:                     {share(counts['missed'], failures)}",
+        f"healthy flagged:            {share(counts['healthy flagged'], healthy)}",
+        f"layer given / right:        {result['layer_given']} given, {result['layer_right']} right",
+    ]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--index", type=Path, default=DEFAULT_INDEX, help="the held-out index.yaml")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    args = parser.parse_args(argv)
+    result = run(args.index)
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
