@@ -50,6 +50,12 @@ EXPECTED: dict[str, set[str]] = {
     "quoted/killed-sigkill.log": {"engine-killed-by-signal"},
     "quoted/dflash-renamed-arch.log": {"architecture-not-supported"},
     "real/missing-model.log": {"model-path-missing"},
+    "quoted/shm-broadcast-cancelled.log": {"shm-broadcast-wait-cancelled"},
+    "quoted/xe-gt-load-failed-wedged.log": {"layer-kernel-driver-error"},
+    "quoted/ur-unsupported-feature.log": {"layer-level-zero-error"},
+    "quoted/oneccl-device-fd-invalid.log": {"layer-oneccl-error"},
+    "quoted/container-dri-nodes.log": {"layer-container-device-access"},
+    "quoted/ze-out-of-device-memory-oneccl.log": {"device-out-of-memory"},
 }
 REAL_EXPECTED_PATH = FIXTURES / "real" / "expected.json"
 
@@ -204,7 +210,7 @@ def test_a_bad_catalogue_is_refused_with_the_field(tmp_path: Path, mutate, messa
 
 def test_a_catalogue_folder_is_one_document_with_ids_unique_across_files(tmp_path: Path) -> None:
     files = catalogue_files(catalogue_path())
-    assert [file.name for file in files] == ["platform.yaml", "serving.yaml"]
+    assert [file.name for file in files] == ["layers.yaml", "platform.yaml", "serving.yaml"]
     folder = tmp_path / "catalogue"
     folder.mkdir()
     first = yaml.safe_load(files[0].read_text())
@@ -303,7 +309,7 @@ def test_exit_codes_and_json() -> None:
     assert failing.exit_code == 1
     assert [m["id"] for m in json.loads(failing.stdout)["failures"]] == ["adaptive-verification-gdn"]
     healthy = runner.invoke(app, ["diagnose", "--log", str(FIXTURES / "real/healthy.log")])
-    assert healthy.exit_code == 0 and "no failure seen" in healthy.stdout
+    assert healthy.exit_code == 0 and "no known failure" in healthy.stdout
     harmless_only = runner.invoke(app, ["diagnose", "--log", str(FIXTURES / "quoted/specforge-warning.log")])
     assert harmless_only.exit_code == 0 and "harmless" in harmless_only.stdout
 
@@ -443,7 +449,7 @@ def test_the_prefilter_lets_every_line_a_pattern_matches_reach_that_pattern() ->
     prefilter = _prefilter_for(catalogue)
     assert not prefilter.everything
     readers = [(index, re.compile(pattern.regex)) for index, signature in enumerate(catalogue.signatures)
-               for pattern in [*signature.patterns, *signature.requires,
+               for pattern in [*signature.all_patterns(), *signature.requires,
                                *(evidence for cause in signature.causes for evidence in cause.evidence)]]
     readers += [(-1 - index, pattern) for index, (_, _, pattern) in enumerate(context.probes())]
     checked = 0
@@ -499,3 +505,90 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
     with log.open("w") as out:
         out.truncate(diagnose_cli.PROGRESS_MIN_BYTES + 1)
     assert diagnose_cli._progress([str(log)]) is None
+
+
+# ---------------------------------------------------------------- layers, codes, causes, "not known"
+
+def test_out_of_device_memory_is_headroom_first_whether_named_or_numbered() -> None:
+    # intel/intel-extension-for-pytorch#640 names ZE's code; ggml-org/llama.cpp#25286 prints UR's "error: 39".
+    # Neither log shows the multi-GPU peer-access bug's own evidence, so the first step is vLLM's memory budget.
+    field_log = FIXTURES.parent / "field" / "logs" / "k-llama-cpp-25286-2x-b70-device-lost-out-of-device-memory.log"
+    for lines in (read_log(str(FIXTURES / "quoted/ze-out-of-device-memory-oneccl.log")),
+                  [line for line in read_log(str(field_log)) if "error: 39" in line.text]):
+        named = {match.id: match for match in diagnose_lines(load_catalogue(), lines, ["log"]).failures}
+        match = named["device-out-of-memory"]
+        assert match.picked_cause is None
+        assert match.fix.kind == "recipe" and "--gpu-memory-utilization" in match.fix.text
+        assert "kernel 7.1" in match.causes[1].fix.text and not match.fix.env
+    numbered_only = [line.model_copy(update={"text": line.text.replace(" [UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY]", "")})
+                     for line in read_log(str(field_log)) if "error: 39" in line.text]
+    assert "UR_RESULT" not in numbered_only[0].text
+    assert [match.id for match in diagnose_lines(load_catalogue(), numbered_only, ["log"]).failures] == [
+        "device-out-of-memory"]
+
+
+def test_a_cause_is_picked_only_with_its_own_evidence_in_the_log(tmp_path: Path) -> None:
+    # The no-P2P line alone: the first cause's fix, nothing picked. With the AWQ config echo vLLM prints (its
+    # `quantization=awq` engine line, intel/llm-scaler#398's model), the AWQ cause and its fix.
+    base = (FIXTURES / "quoted/ze-ipc-no-p2p.log").read_text()
+    [plain] = diagnose_lines(load_catalogue(), read_log(str(FIXTURES / "quoted/ze-ipc-no-p2p.log")), ["log"]).failures
+    assert plain.picked_cause is None and plain.fix.profile == "no-p2p"
+    log = tmp_path / "awq.log"
+    log.write_text("INFO 07-17 12:28:50 [core.py:93] Initializing a V1 LLM engine (v0.14.0) with config: "
+                   "model='/llm/models/Qwen3-32B-AWQ', quantization=awq, tensor_parallel_size=2\n" + base)
+    [awq] = diagnose_lines(load_catalogue(), read_log(str(log)), ["log"], profile="p2p",
+                           profile_source="topology").failures
+    assert awq.picked_cause == 3 and awq.fix.kind == "recipe" and "FP16" in awq.fix.text
+    assert [line.number for line in awq.cause_evidence] == [1]
+    # The profile is not what failed there: no contradiction, and the serve gate's no-p2p fallback stays off.
+    found = diagnose_lines(load_catalogue(), read_log(str(log)), ["log"], profile="p2p", profile_source="topology")
+    assert found.contradictions == []
+
+
+def test_a_stopped_server_s_broadcast_wait_is_not_called_a_hang() -> None:
+    result = CliRunner().invoke(app, ["diagnose", "--log", str(FIXTURES / "quoted/shm-broadcast-cancelled.log"),
+                                      "--json"])
+    document = json.loads(result.stdout)
+    assert [match["id"] for match in document["failures"]] == ["shm-broadcast-wait-cancelled"]
+    assert document["failures"][0]["generic"] is True
+    assert result.exit_code == 3
+
+
+def test_a_layer_without_a_named_cause_exits_3_with_its_first_step() -> None:
+    result = CliRunner().invoke(app, ["diagnose", "--log", str(FIXTURES / "quoted/ur-unsupported-feature.log")])
+    assert result.exit_code == 3
+    assert "layer level-zero, cause not known" in result.stdout and "ZE_AFFINITY_MASK=0" in result.stdout
+    assert "cause is not known" in result.stdout.splitlines()[-1]
+
+
+def test_a_failure_no_entry_names_prints_its_lines_layer_and_versions(tmp_path: Path) -> None:
+    # A real vLLM CPU start refused by the config check, without the line its entry reads: the ValidationError
+    # header is still a failure, in vLLM's layer, with the version and settings the log echoed.
+    lines = [line.text for line in read_log(str(FIXTURES / "real/spec-refused.log"))
+             if "adaptive draft verification" not in line.text and "SpeculativeConfig" not in line.text]
+    log = tmp_path / "unknown.log"
+    log.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["diagnose", "--log", str(log), "--json"])
+    assert result.exit_code == 3
+    document = json.loads(result.stdout)
+    assert document["failures"] == []
+    assert document["unknown"]["layers"] == ["vllm"]
+    assert "validation error for VllmConfig" in document["unknown"]["lines"][0]["text"]
+    assert document["context"]["versions"]["vllm"] == "0.32.0"
+    assert document["context"]["settings"]["max_model_len"] == "2048"
+    text = CliRunner().invoke(app, ["diagnose", "--log", str(log)]).stdout
+    assert "cause not known" in text and "versions in the log: vllm 0.32.0" in text
+
+
+def test_the_failing_call_is_read_from_the_trace() -> None:
+    # The real capture of a KV cache too large for the host: it died in vLLM's memory profiling.
+    assert diagnose_file("real/kv-cache-too-large.log").context.failing_call == "profile run"
+
+
+def test_a_healthy_log_has_no_decisive_line() -> None:
+    field = yaml.safe_load((FIXTURES.parent / "field" / "index.yaml").read_text())
+    for entry in field:
+        if entry["kind"] == "healthy":
+            log = FIXTURES.parent / "field" / "logs" / f"{entry['id']}.log"
+            assert diagnose_lines(load_catalogue(), read_log(str(log)), [log.name]).unknown is None, entry["id"]
+    assert diagnose_file("real/healthy.log").unknown is None

@@ -202,7 +202,7 @@ def render(diagnosis: Diagnosis, out: Console) -> None:
         out.print(f"a failure whose cause is not known in {where}: search the layer's tracker with the lines, "
                   "codes and versions above", highlight=False)
     else:
-        out.print(f"no failure seen in {where}", highlight=False)
+        out.print(f"no known failure in {where}", highlight=False)
 
 
 def diagnose_command(

@@ -25,8 +25,8 @@ _END_MARKER = "_RESULT_FORCE_UINT32"
 
 # Where a log names a code by number: UR's adapters print the number, then its name in () or []; SYCL's
 # "Native API returns: N"; a bare "UR backend returns:N". Only these shapes: a number alone means nothing.
-_NUMBERED = re.compile(r"(?:backend failed with error|Native API returns|UR backend returns|error code)[:=]?\s*"
-                       r"(-?\d+)")
+_NUMBER_PREFIX = r"(?:backend failed with error|Native API returns|UR backend returns|error code)[:=]?\s*"
+_NUMBERED = re.compile(_NUMBER_PREFIX + r"(-?\d+)")
 _NAMED = re.compile(r"\b(?:ZE|UR)_RESULT_[A-Z0-9_]+\b")
 
 
@@ -94,3 +94,16 @@ def codes_in(text: str) -> list[ResultCode]:
     for _, code in sorted(seen, key=lambda pair: pair[0]):
         found.setdefault(code.name, code)
     return list(found.values())
+
+
+def code_regex(names: list[str]) -> str:
+    """A regex finding these codes in a line by name, or (UR codes) by number in the shapes logs print numbers in."""
+    codes = result_codes()
+    unknown = [name for name in names if name not in codes]
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not a ZE_RESULT_* or UR_RESULT_* code of the headers")
+    by_name = r"\b(?:" + "|".join(re.escape(name) for name in names) + r")\b"
+    numbers = sorted({codes[name].number for name in names if codes[name].api == "ur"})
+    if not numbers:
+        return by_name
+    return by_name + "|" + _NUMBER_PREFIX + r"(?:" + "|".join(map(str, numbers)) + r")\b"

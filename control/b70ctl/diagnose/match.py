@@ -200,7 +200,7 @@ def catalogue_regexes(catalogue: Catalogue) -> list[tuple[int, str, int]]:
     cause evidence (the signature's index), and each of the context's probes (-1 - its index)."""
     found: list[tuple[int, str, int]] = []
     for index, signature in enumerate(catalogue.signatures):
-        for pattern in [*signature.patterns, *signature.requires,
+        for pattern in [*signature.all_patterns(), *signature.requires,
                         *(evidence for cause in signature.causes for evidence in cause.evidence)]:
             found.append((index, pattern.regex, 0))
     found += [(-1 - index, pattern.pattern, pattern.flags & ~re.UNICODE)
@@ -237,7 +237,7 @@ class _Watch:
 
     def __init__(self, signature: Signature) -> None:
         self.signature = signature
-        self.patterns = _compiled(signature.patterns)
+        self.patterns = _compiled(signature.all_patterns())
         self.requires = [_compiled([required]) for required in signature.requires]
         self.met = [False] * len(self.requires)
         self.causes = [_compiled(cause.evidence) for cause in signature.causes]
@@ -417,9 +417,9 @@ def diagnose_lines(catalogue: Catalogue, lines: Iterable[LogLine | LineBatch], l
     matched = {match.id for match in matches}
     unless = {signature.id: set(signature.unless) for signature in catalogue.signatures}
     matches = [match for match in matches if not unless[match.id] & matched]
-    # A layer's generic entry only speaks when nothing more specific of its layer did.
-    specific_layers = {match.layer for match in matches if match.severity == "failure" and not match.generic}
-    matches = [match for match in matches if not (match.generic and match.layer in specific_layers)]
+    # A layer's generic entry only speaks when no specific failure did: a named cause says more than any layer.
+    if any(match.severity == "failure" and not match.generic for match in matches):
+        matches = [match for match in matches if not match.generic]
     failures = [m for m in matches if m.severity == "failure"]
     harmless = [m for m in matches if m.severity == "harmless"]
     return Diagnosis(logs=list(logs), lines_read=reader.read, failures=failures, harmless=harmless,

@@ -119,9 +119,11 @@ class Signature(_Model):
     severity: Severity
     layer: Layer | None = Field(None, description="The layer of the stack the failure is in")
     # A layer's generic entry: its fix is the first step whatever the specific cause, and it is reported only when
-    # no specific failure of the same layer matched.
+    # no specific failure matched.
     generic: bool = False
     patterns: list[Pattern] = Field(min_length=1)
+    # Result codes (ZE_RESULT_* / UR_RESULT_*) that are evidence too, in serve lines, by name or by number.
+    codes: list[str] = Field(default_factory=list)
     # Each of these must also match some line read, anywhere, for the signature to be reported.
     requires: list[Pattern] = Field(default_factory=list)
     # Not reported when one of these (more specific) signatures matched: it would only repeat them.
@@ -134,6 +136,23 @@ class Signature(_Model):
     applies_to: AppliesTo = Field(default_factory=AppliesTo)
     # A profile this failure contradicts: a topology forcing it is named in the diagnosis.
     contradicts_profile: Literal["p2p", "no-p2p"] | None = None
+
+    @field_validator("codes")
+    @classmethod
+    def _known_codes(cls, value: list[str]) -> list[str]:
+        from b70ctl.diagnose.codes import code_regex
+
+        if value:
+            code_regex(value)  # refuses a name the headers do not define
+        return value
+
+    def all_patterns(self) -> list[Pattern]:
+        """The patterns, and the codes as one more (serve lines)."""
+        if not self.codes:
+            return list(self.patterns)
+        from b70ctl.diagnose.codes import code_regex
+
+        return [*self.patterns, Pattern(regex=code_regex(self.codes), kinds=["serve"])]
 
     @model_validator(mode="after")
     def _harmless_has_no_fix(self) -> Signature:
