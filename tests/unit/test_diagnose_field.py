@@ -61,3 +61,53 @@ def test_each_field_failure_is_named_with_the_fix_its_thread_settled_on(entry: d
 def test_each_healthy_field_log_comes_out_clean(entry: dict) -> None:
     diagnosis = diagnose(entry)
     assert not diagnosis.failures, f"{entry['url']}: {[match.id for match in diagnosis.failures]}"
+
+
+# ---------------------------------------------------------------- each cited thread's settled fix
+
+def without_anchor(url: str) -> str:
+    return url.split("#", 1)[0].rstrip("/")
+
+
+def thread_settled(entry: dict) -> bool:
+    """Whether index.yaml records a fix the thread settled on ("none settled ..." and "not read ..." record none)."""
+    return not entry["thread_fix"].startswith(("none settled", "not read"))
+
+
+THREADS: dict[str, list[dict]] = {}
+for _entry in FAILURES:
+    THREADS.setdefault(without_anchor(_entry["url"]), []).append(_entry)
+CITED = [(signature.id, source) for signature in load_catalogue().signatures for source in signature.sources
+         if source.kind == "issue" and without_anchor(source.ref) in THREADS]
+
+
+def test_every_thread_with_a_settled_fix_ties_it_to_what_diagnose_prints() -> None:
+    # A settled fix without fix_mentions could not be compared with an entry's.
+    loose = [entry["id"] for entry in FAILURES if thread_settled(entry) and not entry["fix_mentions"]]
+    assert not loose
+    assert len(CITED) >= 30  # the entries cite most of the corpus's threads
+
+
+@pytest.mark.parametrize("signature_id, source", CITED, ids=[f"{s}:{src.ref}" for s, src in CITED])
+def test_an_entry_citing_a_thread_agrees_with_the_fix_it_settled_on(signature_id: str, source) -> None:
+    """Each entry that cites a thread of the corpus says how: `settled` (its fix or one of its causes' is the
+    thread's settled fix: every string tying that fix, fix_mentions, is in what diagnose prints), `unsettled` (the
+    thread's logs this entry names ended without a fix) or `context` (cited for a line or a version: none of the
+    thread's logs is this failure)."""
+    [signature] = [entry for entry in load_catalogue().signatures if entry.id == signature_id]
+    printed = json.dumps(signature.model_dump(include={"fix", "causes"}, mode="json"))
+    thread = THREADS[without_anchor(source.ref)]
+    naming = [entry for entry in thread if signature_id in entry["expect"]]
+    assert source.thread is not None, f"{signature_id} cites {source.ref} without saying what the thread settled"
+    if source.thread == "context":
+        assert not naming, f"{signature_id} names {[e['id'] for e in naming]} of {source.ref}: not mere context"
+        return
+    judged = naming or thread
+    if source.thread == "unsettled":
+        assert naming and not any(thread_settled(entry) for entry in naming), source.ref
+        return
+    settled = [entry for entry in judged if thread_settled(entry)]
+    assert settled, f"{source.ref}: index.yaml records no settled fix"
+    for entry in settled:
+        missing = [mention for mention in entry["fix_mentions"] if mention not in printed]
+        assert not missing, f"{signature_id}'s fix does not say {missing}, what {entry['url']} settled on"

@@ -158,7 +158,9 @@ def render_match(match: Match, out: Console) -> None:
             render_fix(cause.fix, out, indent="     ")
     else:
         render_fix(match.fix, out, indent="  ")
-    out.print(f"  source: {escape('; '.join(source.ref for source in match.sources))}", highlight=False)
+    refs = [source.ref + (" (the thread settled on no fix)" if source.thread == "unsettled" else "")
+            for source in match.sources]
+    out.print(f"  source: {escape('; '.join(refs))}", highlight=False)
 
 
 def render_context(diagnosis: Diagnosis, out: Console) -> None:
