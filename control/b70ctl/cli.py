@@ -219,9 +219,13 @@ def endpoint_of(url: str, option: str, **settings: object) -> Endpoint:
     as basic auth and taken out of the URL, so they never reach a report or a message."""
     from urllib.parse import urlsplit, urlunsplit
 
+    import httpx
+
     from b70ctl.checks.client import Endpoint
 
     shown = re.sub(r"//[^/@]*@", "//***@", url)
+    if len(shown) > 120:
+        shown = shown[:100] + f"… ({len(url)} characters)"
     if any(ord(character) <= 32 or ord(character) == 127 for character in url):
         raise BadInput(f"{option} {shown!r}: holds a space or control character: give a URL like http://host:8000")
     try:
@@ -240,8 +244,16 @@ def endpoint_of(url: str, option: str, **settings: object) -> Endpoint:
 
         keep_basic_credentials(*basic_auth)
     netloc = parts.netloc.rsplit("@", 1)[-1]
-    return Endpoint(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)),
-                    basic_auth=basic_auth, **settings)  # type: ignore[arg-type]
+    base_url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    try:
+        httpx.URL(base_url)  # what the client will parse: its own limits (length, host name) are refused here
+    except httpx.InvalidURL as error:
+        raise BadInput(f"{option} {shown!r}: not a valid URL ({str(error).split(':')[0]}): give a URL like "
+                       "http://host:8000") from error
+    return Endpoint(base_url, basic_auth=basic_auth, **settings)  # type: ignore[arg-type]
+
+
+MAX_TIMEOUT_S = 86400
 
 
 class Check(str, Enum):
@@ -299,6 +311,8 @@ def verify(
 
     if not math.isfinite(timeout) or timeout <= 0:
         fail(f"--timeout {timeout:g}: give the seconds a request may stall, a number above 0")
+    if timeout > MAX_TIMEOUT_S:  # a socket's timeout is a time_t: 1e308 does not fit, and no stall lasts days
+        fail(f"--timeout {timeout:g}: give at most {MAX_TIMEOUT_S} s (a day)")
     if not math.isfinite(max_answer_mb) or max_answer_mb <= 0:
         fail(f"--max-answer-mb {max_answer_mb:g}: give the MiB one answer may hold, a number above 0")
     if max_answer_mb > 2**20:  # more than any answer of vLLM's, and than memory holds
@@ -342,14 +356,18 @@ def verify(
         with console.status("verifying", spinner="dots") as status:
             # a step's message may name a server's model or a recipe's workload: text only, no markup
             report = run_verify(request, progress=lambda message: status.update(escape(one_line(message))))
-    except Terminated:
-        # 143 = 128 + SIGTERM, as a shell reports a process the signal ended; the report says "terminated".
-        console.print(f"terminated: the report in {out} is marked partial (terminated)", highlight=False)
-        raise typer.Exit(143) from None
+    except (Terminated, KeyboardInterrupt) as stop:
+        # 143 = 128 + SIGTERM and 130 = 128 + SIGINT, as a shell reports a process the signal ended; the report
+        # says "terminated" or "interrupted". A stop before the first report was written leaves none.
+        word, code = ("terminated", 143) if isinstance(stop, Terminated) else ("interrupted", 130)
+        left = (f"the report in {shown(out)} is marked partial ({word})" if (out / "report.json").is_file()
+                else "no report was written")
+        console.print(f"{word}: {left}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code) from None
     except RunDeadlineExceeded as passed:
         # 124, as timeout(1) reports a command it stopped at its deadline; the report says "deadline".
-        console.print(f"deadline: the run took longer than --deadline {passed.deadline_s:g} s: the report in {out} "
-                      "is marked partial (deadline)", highlight=False, soft_wrap=True)
+        console.print(f"deadline: the run took longer than --deadline {passed.deadline_s:g} s: the report in "
+                      f"{shown(out)} is marked partial (deadline)", highlight=False, soft_wrap=True)
         raise typer.Exit(124) from None
     if as_json:
         from b70ctl.redact import redact

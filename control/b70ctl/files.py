@@ -53,7 +53,16 @@ def write_text_atomically(path: Path, text: str, mode: int = 0o644) -> None:
         raise
 
 
-def _kind(mode: int) -> str:
+# Write errors that end a run (verify's) with its report marked partial and one line, never a traceback: a full
+# disk, a quota, and the process's file-size limit (ulimit -f: Python ignores SIGXFSZ, so the write fails with
+# EFBIG). Each with the words of the reason and of the fix.
+WRITE_LIMITS = {errno.ENOSPC: ("disk full", "free space"),
+                errno.EDQUOT: ("disk quota exceeded", "free space under the quota"),
+                errno.EFBIG: ("file-size limit reached", "raise the file-size limit (ulimit -f)")}
+
+
+def file_kind(mode: int) -> str:
+    """What a path is, in words, for a message that refuses it."""
     for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):
@@ -71,8 +80,8 @@ def require_replaceable(path: Path, what: str) -> None:
     except OSError:
         return  # nothing there, or no way there: the writer says why it cannot write
     if not stat.S_ISREG(found.st_mode):
-        raise BadInput(f"{what} {path}: {_kind(found.st_mode)}, not a regular file: nothing was changed; give a new "
-                       "path or a file to replace")
+        raise BadInput(f"{what} {path}: {file_kind(found.st_mode)}, not a regular file: nothing was changed; give a "
+                       "new path or a file to replace")
 
 
 def write_failure(error: OSError, path: Path) -> str:
@@ -256,11 +265,20 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 def load_yaml_unique(text: str, what: str) -> Any:
     """YAML as yaml.safe_load reads it, except that a key given twice in one mapping is refused (BadInput naming
-    `what`, the key and both lines)."""
+    `what`, the key and both lines), and so are the two ways valid-looking YAML breaks Python, as in parse_json:
+    nesting deeper than the recursion limit and an integer longer than sys.get_int_max_str_digits() digits."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except DuplicateKey as error:
         raise BadInput(f"{what}: {error}") from None
+    except RecursionError as error:
+        raise BadInput(f"{what}: YAML nested too deeply (Python reads about {sys.getrecursionlimit()} levels): "
+                       "write it flatter") from error
+    except ValueError as error:
+        if "integer string conversion" not in str(error):
+            raise
+        raise BadInput(f"{what}: a YAML number of more than {sys.get_int_max_str_digits()} digits: "
+                       "write a shorter number") from error
 
 
 def read_yaml_mapping(path: str | Path, where: str, fix: str, limit: int = MAX_DOCUMENT_BYTES) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from b70ctl.checks.metrics import MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import reject_impossible_engine_figures, run_throughput, throughput_measurements
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.files import read_json_object, read_own_json_object, write_text_atomically
+from b70ctl.files import WRITE_LIMITS, file_kind, read_json_object, read_own_json_object, write_text_atomically
 from b70ctl.recipes.model import Recipe
 from b70ctl.redact import printable, without_controls
 from b70ctl.report.html import render_html
@@ -116,6 +116,12 @@ def _preflight(request: VerifyRequest) -> tuple[Reference | None, Environment]:
                                                                 for ch in request.host)):
         raise BadInput(f"--host {request.host!r}: a host name is one word without spaces, line breaks or control "
                        "characters: give the name as the inventory has it")
+    out = request.out_dir
+    if out.is_symlink() and not out.exists():
+        raise BadInput(f"--out {out}: a link to {os.readlink(out)}, which does not exist: give a directory")
+    if out.exists() and not out.is_dir():  # mkdir's own word for it, "File exists", says nothing
+        what = "a file" if out.is_file() else file_kind(out.stat().st_mode)
+        raise BadInput(f"--out {out}: {what}, not a directory: give a directory for the reports")
     try:
         request.out_dir.mkdir(parents=True, exist_ok=True)
         probe = request.out_dir / ".write-test"
@@ -301,8 +307,9 @@ class ReportWriter:
         except OSError as error:
             for name in ("report.json", "report.md", "report.html"):
                 (self.out_dir / name).unlink(missing_ok=True)
+            fix = WRITE_LIMITS.get(error.errno or 0, ("", "free space"))[1]
             raise BadInput(f"--out {self.out_dir}: {reason}, and the partial report could not be written "
-                           f"({error.strerror}): no report was left; free space and run again") from error
+                           f"({error.strerror}): no report was left; {fix} and run again") from error
 
 
 def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
@@ -356,6 +363,10 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
                 _close_unfinished(report, recipe, writer,
                                   f"deadline: --deadline {passed.deadline_s:g} s passed during {steps[-1]}")
                 raise
+            except (Terminated, KeyboardInterrupt) as stop:  # a stop, not a failure: there is no traceback
+                _close_unfinished(report, recipe, writer,
+                                  "terminated" if isinstance(stop, Terminated) else "interrupted")
+                raise
             except BaseException as error:
                 _close_unfinished(report, recipe, writer, f"failed: {_failure(error)}")
                 raise
@@ -402,12 +413,13 @@ def _run_checks(request: VerifyRequest, report: Report, writer: ReportWriter, cl
         writer.save()
         return report
     except OSError as error:
-        if error.errno != errno.ENOSPC:
+        if error.errno not in WRITE_LIMITS:
             raise
+        reason, fix = WRITE_LIMITS[error.errno]
         _finish(report, recipe, complete=False)
-        writer.save_partial("disk full")
-        raise BadInput(f"--out {request.out_dir}: disk full; the report is marked partial (disk full): free space "
-                       "and run again") from error
+        writer.save_partial(reason)
+        raise BadInput(f"--out {request.out_dir}: {reason}; the report is marked partial ({reason}): {fix} and run "
+                       "again") from error
 
 
 def _failure(error: BaseException) -> str:
@@ -437,6 +449,9 @@ def _sigterm_ends_the_run() -> Iterator[None]:
         return
 
     def terminate(_signum: int, _frame: object) -> None:
+        # One SIGTERM ends the run; a second (systemd's, Ansible's, a user's) must not cut the closing of the
+        # report the first one started.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, terminate)

@@ -15,7 +15,6 @@ token on, warm-up included, so no request's prefill is served from the prefix ca
 
 from __future__ import annotations
 
-import errno
 import secrets
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from b70ctl.checks.stats import (
     percentile,
     summarize,
 )
-from b70ctl.files import write_json_atomically, write_text_atomically
+from b70ctl.files import WRITE_LIMITS, write_json_atomically, write_text_atomically
 from b70ctl.recipes.model import Recipe, Workload
 from b70ctl.report.model import (
     BenchKeys,
@@ -273,8 +272,8 @@ def _run_workload(client: VllmClient, workload: Workload, raw_dir: Path, report:
     except EndpointError as endpoint_error:
         error = endpoint_error.reason
     except OSError as os_error:  # raw/ not writable: the run cannot be audited, so it stops
-        if os_error.errno == errno.ENOSPC:
-            raise  # a full disk ends the whole run (verify marks the report partial: disk full)
+        if os_error.errno in WRITE_LIMITS:
+            raise  # a full disk, a quota, the file-size limit: the run ends, its report marked partial with why
         error = f"cannot write raw data: {os_error}"
 
     if error is not None:

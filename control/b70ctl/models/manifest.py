@@ -48,24 +48,33 @@ def _verified_hashes(directory: Path) -> dict[tuple[int, int, int], str]:
 
 
 def directory_manifest(directory: Path) -> Manifest:
-    """Every regular file under DIRECTORY (bookkeeping and the host's own manifest left out), sorted by path."""
+    """Every regular file under DIRECTORY (bookkeeping and the host's own manifest left out), sorted by path. The
+    listing is checked whole before any byte is hashed: a link late in it is refused at once, not after hours of
+    hashing the weights before it."""
     if not directory.is_dir():
         raise BadInput(f"{directory} is not a directory: fetch (and convert) the recipe's models first")
     known = _verified_hashes(directory)
-    files: list[ManifestFile] = []
-    hashed_bytes = 0
+    regular: list[Path] = []
     for path in sorted(directory.rglob("*")):
         relative = path.relative_to(directory)
         if SKIPPED_DIRS.intersection(relative.parts[:-1]) or relative.name == HOST_MANIFEST_FILE:
             continue
-        if path.is_symlink() or not path.is_file():
-            if path.is_symlink():
-                raise BadInput(f"{path} is a symbolic link: a host receives files, give the directory of real files")
-            continue
+        if path.is_symlink():
+            raise BadInput(f"{path} is a symbolic link: a host receives files, give the directory of real files")
+        if path.is_file():
+            regular.append(path)
+    files: list[ManifestFile] = []
+    hashed_bytes = 0
+    for path in regular:
         stat = path.stat()
         sha256 = known.get((stat.st_ino, stat.st_size, stat.st_mtime_ns))
         if sha256 is None:
-            sha256 = sha256_file(path)
+            try:
+                sha256 = sha256_file(path)
+            except OSError as error:  # /proc/self/mem and its like: a regular file that cannot be read
+                raise BadInput(f"{path}: cannot be read ({error.strerror}): give a directory of model files") \
+                    from error
             hashed_bytes += stat.st_size
-        files.append(ManifestFile(path=relative.as_posix(), size_bytes=stat.st_size, sha256=sha256))
+        files.append(ManifestFile(path=path.relative_to(directory).as_posix(), size_bytes=stat.st_size,
+                                  sha256=sha256))
     return Manifest(directory=str(directory), files=files, hashed_bytes=hashed_bytes)

@@ -21,6 +21,10 @@ from b70ctl.recipes.vllm_lines import line_refusal
 from b70ctl.versions import version_at_least
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The longest context a recipe may give a server: 2^20 tokens, 64 times the longest a recipe asks for today (16,384),
+# so a typo (1e21) is refused. Every request's max_tokens, and the prompt verify synthesizes in memory, must fit in
+# the recipe's own context.
+MAX_MODEL_LEN_TOKENS = 2**20
 # Methods that draft a whole block in one pass (parallel drafting): vLLM reserves k slots per request of a step.
 PARALLEL_DRAFTING = ("dflash", "dspark")
 # Methods vLLM drafts with no model of its own: ngram from the prompt and the output so far, mtp with the target's own
@@ -151,7 +155,7 @@ class ServeSettings(Strict):
         "None: the speculative server's")
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = "auto"
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    max_model_len: int = Field(ge=16)
+    max_model_len: int = Field(ge=16, le=MAX_MODEL_LEN_TOKENS)
     max_num_batched_tokens: int | None = Field(None, ge=16)
     max_num_seqs: int | None = Field(None, ge=1)
     block_size: int | None = Field(None, ge=1)
@@ -242,7 +246,7 @@ class Probe(Strict):
 
     prompt: str
     expect_any: list[str] = Field(min_length=1)
-    max_tokens: int = 32
+    max_tokens: int = Field(32, ge=1)
 
 
 class CorrectnessSettings(Strict):
@@ -502,6 +506,7 @@ class Recipe(Strict):
             raise ValueError(f"speculative method {spec.method!r} needs a drafter")
         if spec is not None and spec.method in PARALLEL_DRAFTING:
             self._drafting_budget(spec)
+        self._context_budget()
         generated = [m for m in (self.target, self.drafter) if m is not None and m.generated]
         if generated and self.tiny is None:
             raise ValueError("generated models need a tiny section (the generator's spec)")
@@ -512,6 +517,23 @@ class Recipe(Strict):
         if len(claim_ids) != len(set(claim_ids)):
             raise ValueError("claim ids must be unique")
         return self
+
+    def _context_budget(self) -> None:
+        """Every request fits in serve.max_model_len: vLLM refuses a prompt plus max_tokens longer than the context
+        (its error is the request's failure, after verify built the prompt), and max_tokens sets each request's
+        deadline, so a max_tokens of 1e21 would leave it none."""
+        context = self.serve.max_model_len
+        requests = [(f"workloads.{index} ({workload.name})", workload.prompt_tokens or 1, workload.max_tokens)
+                    for index, workload in enumerate(self.workloads)]
+        requests.append(("correctness", 1, self.correctness.max_tokens))
+        requests += [(f"correctness.probes.{index}", 1, probe.max_tokens)
+                     for index, probe in enumerate(self.correctness.probes)]
+        for where, prompt_tokens, max_tokens in requests:
+            if prompt_tokens + max_tokens > context:
+                asked = (f"prompt_tokens {prompt_tokens} + max_tokens {max_tokens}" if prompt_tokens > 1
+                         else f"max_tokens {max_tokens} and a prompt")
+                raise ValueError(f"{where}: {asked} do not fit in serve.max_model_len {context}: lower them, or "
+                                 "raise max_model_len")
 
     def _drafting_budget(self, spec: SpeculativeSettings) -> None:
         """DFlash/DSpark draft a block of k per pass. k above the drafter's block size collapses acceptance (k=7 on
