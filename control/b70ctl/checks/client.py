@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -108,6 +109,67 @@ class AnswerTooLarge(Exception):
     pass
 
 
+class UnreadableEncoding(AnswerTooLarge):
+    """The answer comes in a content coding b70ctl does not decode: as unusable as one too large to read."""
+
+
+# Content codings an answer may arrive in (httpx asks for them), each undone by zlib: "gzip" and "deflate" (RFC 9110
+# 8.4.1; "deflate" is the zlib format, though some servers send it raw). Each coding costs a decoder's window in
+# memory, and a server saves no bytes compressing twice: more codings than this on one body are refused.
+_ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+MAX_CONTENT_CODINGS = 2
+# The most bytes one step of decompression may produce: memory holds at most this much beyond --max-answer-mb.
+_INFLATE_PIECE_BYTES = 2**16
+
+
+def _decoded(response: httpx.Response) -> Iterator[bytes]:
+    """The answer's body as it arrives, its content coding undone a bounded piece at a time. httpx's own decoding
+    turns each received piece into all it expands to at once (one gzip piece of a few kB can hold gigabytes), so
+    the byte limit, counted after decoding, came too late."""
+    if response.is_stream_consumed:  # a transport that hands the whole body (a test's): httpx has decoded it
+        return response.iter_bytes()
+    codings = [coding.strip().lower() for coding in response.headers.get("content-encoding", "").split(",")]
+    codings = [coding for coding in codings if coding and coding != "identity"]
+    listed = ", ".join(codings)
+    if len(codings) > MAX_CONTENT_CODINGS:
+        raise UnreadableEncoding(f"the answer is compressed {len(codings)} times (Content-Encoding: {listed[:80]}): "
+                                 "no server saves bytes that way; read no further")
+    parts: Iterator[bytes] = response.iter_raw()
+    for coding in reversed(codings):
+        wbits = _ZLIB_WBITS.get(coding)
+        if wbits is None:
+            raise UnreadableEncoding(f"the answer is compressed as {coding[:40]!r}, which b70ctl does not read: "
+                                     "serve it uncompressed, gzip or deflate")
+        parts = _inflated(parts, wbits, coding)
+    return parts
+
+
+def _inflated(parts: Iterator[bytes], wbits: int, coding: str) -> Iterator[bytes]:
+    inflater, produced = zlib.decompressobj(wbits), False
+    for part in parts:
+        pending = part
+        while pending and not inflater.eof:
+            try:
+                piece = inflater.decompress(pending, _INFLATE_PIECE_BYTES)
+            except zlib.error as error:
+                if coding == "deflate" and not produced and wbits > 0:  # raw deflate, as some servers send it
+                    inflater, wbits = zlib.decompressobj(-zlib.MAX_WBITS), -zlib.MAX_WBITS
+                    continue
+                raise UnreadableEncoding(f"the answer is not valid {coding} ({error})") from error
+            pending = inflater.unconsumed_tail
+            if piece:
+                produced = True
+                yield piece
+
+
+def _read(response: httpx.Response, content: bytes) -> httpx.Response:
+    """The answer with its body read and decoded: it no longer names a content coding, which httpx would undo a
+    second time."""
+    headers = httpx.Headers(response.headers)
+    headers.pop("content-encoding", None)
+    return httpx.Response(response.status_code, headers=headers, content=content, request=response.request)
+
+
 class VllmClient:
     def __init__(self, endpoint: Endpoint, transport: httpx.BaseTransport | None = None):
         self.endpoint = endpoint
@@ -156,10 +218,11 @@ class VllmClient:
         self._check_deadline(deadline_at, f"{method} {path}")
         try:
             with self._http.stream(method, path, **kwargs) as response:
-                content = b"".join(self._capped(response.iter_bytes(), deadline_at, f"{method} {path}"))
-                return httpx.Response(response.status_code, headers=response.headers, content=content,
-                                      request=response.request)
-        except (AnswerTooLarge, RequestDeadlineExceeded) as error:
+                content = b"".join(self._capped(_decoded(response), deadline_at, f"{method} {path}"))
+                return _read(response, content)
+        except AnswerTooLarge as error:  # the server answered: with more than can be read, or in no known coding
+            raise EndpointError(f"{method} {path}: {error}", answered=True) from error
+        except RequestDeadlineExceeded as error:
             raise EndpointError(f"{method} {path}: {error}") from error
         except httpx.HTTPError as error:
             raise EndpointError(f"{method} {path}: {_describe(error)}") from error
@@ -177,16 +240,21 @@ class VllmClient:
 
     def _lines(self, response: httpx.Response, deadline_at: float = math.inf) -> Iterator[str]:
         """The answer's lines as they arrive, within the byte limit (a line never grows past it either) and the
-        deadline (comment lines such as `: ping` count toward it)."""
-        pending = bytearray()
-        for part in self._capped(response.iter_bytes(), deadline_at, "the stream"):
-            pending += part
-            *lines, rest = bytes(pending).split(b"\n")
-            pending = bytearray(rest)
-            for line in lines:
+        deadline (comment lines such as `: ping` count toward it). Each byte is looked at once: the unfinished
+        line's pieces are kept, not copied again with every new piece (a line of 64 MiB without a line end cost
+        21 s of CPU when they were)."""
+        pending: list[bytes] = []
+        for part in self._capped(_decoded(response), deadline_at, "the stream"):
+            start = 0
+            while (end := part.find(b"\n", start)) >= 0:
+                line = b"".join([*pending, part[start:end]])
+                pending = []
+                start = end + 1
                 yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+            if start < len(part):
+                pending.append(part[start:])
         if pending:
-            yield bytes(pending).decode("utf-8", errors="replace")
+            yield b"".join(pending).decode("utf-8", errors="replace")
 
     def get(self, path: str) -> httpx.Response:
         return self._request("GET", path)
@@ -194,8 +262,7 @@ class VllmClient:
     def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         response = self._request("POST", path, json=body)
         if response.status_code != 200:
-            raise EndpointError(f"POST {path}: HTTP {response.status_code}: {_error_text(response)}",
-                                response.status_code)
+            raise EndpointError(f"POST {path}: {_status_text(response)}", response.status_code)
         try:
             answer = response.json()
         except json.JSONDecodeError as error:
@@ -222,8 +289,7 @@ class VllmClient:
             raise EndpointError("GET /v1/models: HTTP 404: the URL ends in /v1 and b70ctl adds /v1 itself: drop the "
                                 "/v1 from the URL", response.status_code)
         if response.status_code != 200:
-            raise EndpointError(f"GET /v1/models: HTTP {response.status_code}: {_error_text(response)}",
-                                response.status_code)
+            raise EndpointError(f"GET /v1/models: {_status_text(response)}", response.status_code)
         not_vllm = "not vLLM's model list: check that the URL and port are the vLLM server's"
         try:
             answer = response.json()
@@ -255,7 +321,7 @@ class VllmClient:
     def metrics_text(self) -> str:
         response = self.get("/metrics")
         if response.status_code != 200:
-            raise EndpointError(f"GET /metrics: HTTP {response.status_code}", response.status_code)
+            raise EndpointError(f"GET /metrics: {_status_text(response)}", response.status_code)
         return response.text
 
     def tokenize(self, text: str) -> list[int]:
@@ -310,12 +376,10 @@ class VllmClient:
             with self._http.stream("POST", path, json=body) as response:
                 if response.status_code != 200:
                     try:
-                        content = b"".join(self._capped(response.iter_bytes()))
+                        content = b"".join(self._capped(_decoded(response)))
                     except AnswerTooLarge:
                         content = b""
-                    answer = httpx.Response(response.status_code, headers=response.headers, content=content,
-                                            request=response.request)
-                    result.error = f"HTTP {response.status_code}: {_error_text(answer)}"
+                    result.error = _status_text(_read(response, content))
                     return result
                 for line in self._lines(response, deadline_at):
                     now = time.perf_counter() - start
@@ -404,7 +468,21 @@ def _describe(error: httpx.HTTPError) -> str:
         return "timed out"
     if isinstance(error, httpx.RemoteProtocolError):
         return "the server hung up or broke the HTTP protocol (RemoteProtocolError)"
+    if isinstance(error, (httpx.ReadError, httpx.WriteError)):
+        return f"the connection was reset or closed mid-answer ({error.__class__.__name__})"
     return f"the request failed ({error.__class__.__name__})"
+
+
+def _status_text(response: httpx.Response) -> str:
+    """`HTTP <status>: ` and what the answer says: its error message, or for a redirect where it leads (b70ctl
+    follows none: the URL given is the server checked)."""
+    status = response.status_code
+    if 300 <= status < 400:
+        location = response.headers.get("location")
+        if not location:
+            return f"HTTP {status}: a redirect without a Location header: not a vLLM server's answer"
+        return f"HTTP {status}: redirects to {location[:200]}: give the server's own URL"
+    return f"HTTP {status}: {_error_text(response)}"
 
 
 def _error_text(response: httpx.Response) -> str:

@@ -173,20 +173,28 @@ class GreedyOutput:
 def greedy_output(client: VllmClient, prompt: str, max_tokens: int) -> GreedyOutput:
     """One non-streamed completion at temperature 0 (sent explicitly), with the generated token ids."""
     answer = client.complete("completions", prompt, max_tokens, temperature=0.0)
-    choices = answer.get("choices") or []
-    if not choices:
-        raise EndpointError("POST /v1/completions: the answer has no choices")
+    where = "POST /v1/completions"
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices:
+        found = "no choices" if not choices else f"choices as a JSON {type(choices).__name__}, not a list"
+        raise EndpointError(f"{where}: the answer has {found}: not vLLM's completion", 200)
     choice = choices[0]
+    if not isinstance(choice, dict):
+        raise EndpointError(f"{where}: the first choice is a JSON {type(choice).__name__}, not an object: not "
+                            "vLLM's completion", 200)
     token_ids = choice.get("token_ids")
     if token_ids is None:
-        raise EndpointError("POST /v1/completions: the answer has no token_ids (the server ignores "
-                            "return_token_ids: vLLM >= 0.10.2 is needed to compare by token ids)")
-    try:
-        ids = [int(token) for token in token_ids]
-    except (TypeError, ValueError) as error:
-        raise EndpointError(f"POST /v1/completions: token_ids is not a list of integers: {error}") from error
-    return GreedyOutput(token_ids=ids, text=str(choice.get("text") or ""),
-                        finish_reason=choice.get("finish_reason"), answer=answer)
+        raise EndpointError(f"{where}: the answer has no token_ids (the server ignores return_token_ids: vLLM >= "
+                            "0.10.2 is needed to compare by token ids)", 200)
+    # Integers as JSON has them: a 3.7 is no token id, and rounding it would make two different answers compare
+    # equal (a bool is an int to Python, never to JSON).
+    if not isinstance(token_ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in token_ids):
+        raise EndpointError(f"{where}: token_ids is not a list of integers: not vLLM's completion", 200)
+    text, finish_reason = choice.get("text"), choice.get("finish_reason")
+    if not isinstance(text, str | None) or not isinstance(finish_reason, str | None):
+        raise EndpointError(f"{where}: the choice's text or finish_reason is not a string: not vLLM's completion",
+                            200)
+    return GreedyOutput(token_ids=list(token_ids), text=text or "", finish_reason=finish_reason, answer=answer)
 
 
 # -- pure arithmetic -----------------------------------------------------------------------------------------
