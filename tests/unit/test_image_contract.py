@@ -40,6 +40,7 @@ import pytest
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
+from b70ctl.recipes import load_recipe
 from b70host.topology import TOPOLOGY_PATH, topology
 from docker_rules import container_process, created_container, image_start
 from systemd_words import systemd_split
@@ -88,6 +89,10 @@ def _source_tree(checkout: Path) -> None:
 ROUTES = {
     "pr620-fp8-tp2": ("images/xpu-dspark-0.21/Dockerfile", route_a_base, "b70x2-switch"),
     "dspark-int4-tp1": ("images/xpu-native/Dockerfile", route_b_base, "b70x2-switch"),
+    "dspark-fp8-tp2": ("images/xpu-native/Dockerfile", route_b_base, "b70x2-switch"),
+    "mtp3-int4-tp2": ("images/xpu-native/Dockerfile", route_b_base, "b70x2-switch"),
+    "mtp8-fp8-tp2": ("images/xpu-native/Dockerfile", route_b_base, "b70x2-switch"),
+    "mtp4-int4-tp1": ("images/xpu-native/Dockerfile", route_b_base, "b70x2-switch"),
     "cpu-tiny": ("images/cpu/Dockerfile", cpu_base, None),
 }
 MODELS_RECORD = {"target": {"path": "/var/lib/b70/models/{recipe}/target", "revision": "r1"},
@@ -106,7 +111,7 @@ def host_units(recipe: str, scenario: str | None, work: Path) -> list[dict[str, 
                  "--baseline-unit", "b70-vllm-baseline", "--api-key-env-file", str(config / "api-key.env")]
     if scenario is not None:
         root = build_tree(work, scenario)
-        topology(root, 2 if recipe == "pr620-fp8-tp2" else 1, probe="never", write=True)
+        topology(root, load_recipe(recipe).serve.tensor_parallel_size, probe="never", write=True)
         arguments += ["--topology", str(Path(root) / TOPOLOGY_PATH.lstrip("/"))]
     result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 0, result.output
@@ -204,7 +209,6 @@ def test_a_tune_candidate_s_drop_in_starts_vllm_through_the_image_entrypoint(rec
     """A tune serves each candidate through the unit with a drop-in whose ExecStart replaces the unit's (tune/unit.py):
     the same container record, the candidate's render. It composes the same way."""
     from b70ctl.host.model import load_topology
-    from b70ctl.recipes import load_recipe
     from b70ctl.serve.unit import ServingContainer
     from b70ctl.tune.model import Candidate
     from b70ctl.tune.serving import candidate_command
