@@ -33,7 +33,7 @@ from b70ctl.checks.correctness import (
     run_correctness,
     server_vllm_version,
 )
-from b70ctl.checks.metrics import MetricsUnavailable, snapshot
+from b70ctl.checks.metrics import NUM_DRAFTS, CountersUnusable, MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import reject_impossible_engine_figures, run_throughput, throughput_measurements
 from b70ctl.errors import BadInput, first_problem
@@ -43,7 +43,14 @@ from b70ctl.redact import printable, without_controls
 from b70ctl.report.html import render_html
 from b70ctl.report.load import MAX_REPORT_BYTES
 from b70ctl.report.markdown import render_markdown
-from b70ctl.report.model import HOST_FACT_FIELDS, DiagnosedFailure, Environment, Report, RooflineInputs
+from b70ctl.report.model import (
+    HOST_FACT_FIELDS,
+    CorrectnessResult,
+    DiagnosedFailure,
+    Environment,
+    Report,
+    RooflineInputs,
+)
 from b70ctl.report.roofline import compute_roofline
 from b70ctl.report.verdict import judge_all
 
@@ -336,8 +343,12 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
         if model not in served:
             raise BadInput(f"endpoint {request.endpoint.base_url} serves {', '.join(served)}, not the recipe's "
                            f"{model!r}: pass the right --recipe, or --model NAME")
+        baseline_unchecked = None
         if baseline_client is not None and "correctness" in request.checks:
-            require_separate_target_only(client, baseline_client)
+            try:
+                require_separate_target_only(client, baseline_client)
+            except BaselineUnchecked as unchecked:
+                baseline_unchecked = unchecked.reason
 
         environment.served_model = model
         environment.vllm_version = server_vllm_version(client)
@@ -358,7 +369,8 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
                         request.deadline_s
         with RunDirectory(request.out_dir), _sigterm_ends_the_run():
             try:
-                return _run_checks(request, report, writer, client, baseline_client, reference, raw_dir, say)
+                return _run_checks(request, report, writer, client, baseline_client, reference, raw_dir, say,
+                                   baseline_unchecked)
             except RunDeadlineExceeded as passed:
                 _close_unfinished(report, recipe, writer,
                                   f"deadline: --deadline {passed.deadline_s:g} s passed during {steps[-1]}")
@@ -378,7 +390,7 @@ def verify(request: VerifyRequest, progress: Progress | None = None) -> Report:
 
 def _run_checks(request: VerifyRequest, report: Report, writer: ReportWriter, client: VllmClient,
                 baseline_client: VllmClient | None, reference: Reference | None, raw_dir: Path,
-                say: Progress) -> Report:
+                say: Progress, baseline_unchecked: str | None = None) -> Report:
     recipe, environment = request.recipe, report.environment
     try:
         writer.save()
@@ -399,7 +411,13 @@ def _run_checks(request: VerifyRequest, report: Report, writer: ReportWriter, cl
                     f"{report.baseline}")
                 baseline = reference if reference is not None else baseline_client
                 assert baseline is not None
-                report.correctness = run_correctness(client, recipe, baseline, raw_dir)
+                if baseline_unchecked is not None:
+                    report.correctness = CorrectnessResult(
+                        passed=False, baseline=str(report.baseline), identical=0, total=0, identical_fraction=0.0,
+                        comparisons=[], reason=f"not compared: {baseline_unchecked}: the baseline cannot be told "
+                                               "to be a separate target-only server")
+                else:
+                    report.correctness = run_correctness(client, recipe, baseline, raw_dir)
                 writer.save()
             if "throughput" in request.checks:
                 report.throughput = run_throughput(client, recipe, raw_dir, progress=say, baseline=baseline_client)
@@ -464,13 +482,24 @@ def _sigterm_ends_the_run() -> Iterator[None]:
 BASELINE_PROBE_TOKENS = 8
 
 
+class BaselineUnchecked(Exception):  # noqa: N818 - a finding, named for what it says
+    """Both servers answer /metrics, but with counters that are no count (NaN, a series twice): whether the baseline
+    is a separate target-only server cannot be told. Correctness is then not judged; the rest of the run goes on."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 def require_separate_target_only(client: VllmClient, baseline: VllmClient) -> None:
     """The baseline is another server, and one that does not speculate, or exit 2 naming it: comparing a server
     with itself, or with another speculative server, proves nothing about lossless speculation. One request to the
     baseline between two reads of both servers' counters tells: the endpoint's must not move, the baseline's
-    must, and without a single draft."""
+    must, and without a single draft. Counters that are no count raise BaselineUnchecked."""
     try:
         endpoint_before = snapshot(client, client.model)
+    except CountersUnusable as unusable:
+        raise BaselineUnchecked(f"the endpoint's {unusable.reason}") from unusable
     except MetricsUnavailable as unavailable:  # the endpoint's, not the baseline's: named as such
         raise BadInput(f"baseline check: the endpoint's /metrics is unreadable ({unavailable.reason}): the endpoint "
                        "must be a vLLM server with its stats on") from unavailable
@@ -479,6 +508,8 @@ def require_separate_target_only(client: VllmClient, baseline: VllmClient) -> No
         baseline.complete("completions", "The baseline", BASELINE_PROBE_TOKENS, temperature=0.0)
         endpoint_after = snapshot(client, client.model)
         baseline_after = snapshot(baseline, baseline.model)
+    except CountersUnusable as unusable:
+        raise BaselineUnchecked(unusable.reason) from unusable
     except MetricsUnavailable as unavailable:
         raise BadInput(f"baseline check: /metrics unreadable ({unavailable.reason}): the baseline must be a vLLM "
                        "server with its stats on") from unavailable
@@ -489,6 +520,9 @@ def require_separate_target_only(client: VllmClient, baseline: VllmClient) -> No
     if endpoint_moved > 0 and endpoint_moved == baseline_moved:
         raise BadInput(f"--baseline-endpoint {baseline.endpoint.base_url} answers with the endpoint's counters (a "
                        "request to it counted on the endpoint): pass a separate target-only server")
+    if NUM_DRAFTS in baseline_before.non_finite + baseline_after.non_finite:
+        raise BaselineUnchecked(f"the baseline's /metrics gives {NUM_DRAFTS} as NaN or infinite: whether it "
+                                "speculates cannot be told")
     drafts = (baseline_after.num_drafts or 0) - (baseline_before.num_drafts or 0)
     if drafts > 0:
         raise BadInput(f"--baseline-endpoint {baseline.endpoint.base_url} speculates ({drafts:g} drafts for one "

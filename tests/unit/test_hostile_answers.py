@@ -417,3 +417,55 @@ def test_the_file_size_limit_ends_the_run_with_one_line_and_a_report_that_says_s
         assert report["partial"] is True and report["partial_reason"] == "file-size limit reached"
     assert not [p.name for p in (work / "out").rglob(".*.tmp")]
     assert not list((tmp_path / "xdg-cache").rglob("tracebacks/*"))
+
+
+# --- counters that are no count: the baseline check cannot be made, the run goes on -------------------------------
+
+
+METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
+
+
+def _capture(name: str, spoil: Callable[[str], str] = lambda text: text) -> Answer:
+    """A real vLLM 0.32.0 /metrics capture (tests/fixtures/metrics/README.md), spoiled as the row says."""
+    text = spoil((METRICS / name / "metrics_before.txt").read_text()).encode()
+    return 200, {"Content-Type": "text/plain; version=0.0.4", "Content-Length": str(len(text))}, _body(text)
+
+
+def _nan_generation_tokens(text: str) -> str:
+    return re.sub(r"^(vllm:generation_tokens_total\{[^}]*\}) \S+$", r"\1 NaN", text, flags=re.MULTILINE)
+
+
+def _series_twice(text: str) -> str:
+    line = next(line for line in text.splitlines() if line.startswith("vllm:generation_tokens_total{"))
+    return text + "# TYPE vllm:generation_tokens_total counter\n" + line + "\n"
+
+
+@pytest.mark.parametrize("endpoint_metrics, baseline_metrics, reason", [
+    (_capture("0.32.0-cpu-draft-k4", _nan_generation_tokens), _capture("0.32.0-cpu-baseline"),
+     r"not compared: the endpoint's /metrics gives vllm:generation_tokens_total as NaN or infinite"),
+    (_capture("0.32.0-cpu-draft-k4"),
+     _capture("0.32.0-cpu-baseline", _series_twice),
+     r"not compared: /metrics gives the series vllm:generation_tokens_total with the same labels twice"),
+], ids=["endpoint-generation-nan", "baseline-series-twice"])
+def test_counters_that_are_no_count_leave_correctness_unjudged_and_the_run_reported(
+        endpoint_metrics, baseline_metrics, reason, tmp_path):
+    """With --baseline-endpoint, a NaN counter or a series given twice: exit 1 with a report whose correctness is
+    not compared and says why; once it was exit 2 and no report."""
+    work = tmp_path / "case"
+    work.mkdir()
+    key = _key(work)
+    with Answering(_with_models(_metrics=endpoint_metrics)) as endpoint, \
+            Answering(_with_models(_metrics=baseline_metrics)) as baseline:
+        before = snapshot(tmp_path)
+        outcome = run_b70ctl(["verify", "--endpoint", endpoint.url, "--baseline-endpoint", baseline.url,
+                              "--recipe", "cpu-tiny", "--check", "correctness", "--out", str(work / "out"),
+                              "--timeout", "5", "--api-key-file", str(key)],
+                             {"XDG_CACHE_HOME": str(tmp_path / "xdg-cache")})
+    assert_one_line_error(outcome, 1, "")
+    report = json.loads((work / "out" / "report.json").read_text())
+    assert report["partial"] is False and report["correctness"]["passed"] is False
+    assert re.search(reason, report["correctness"]["reason"]), report["correctness"]["reason"]
+    assert report["correctness"]["comparisons"] == [] and report["correctness"]["total"] == 0
+    assert re.search(reason.replace("not compared: ", ""), (work / "out" / "report.md").read_text().replace("\\", ""))
+    assert_left_clean(tmp_path, before, [work / "out", tmp_path / "xdg-cache"])
+    assert SECRET not in _everything(tmp_path, outcome)

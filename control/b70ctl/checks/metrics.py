@@ -62,6 +62,11 @@ class MetricsUnavailable(Exception):
         self.reason = reason
 
 
+class CountersUnusable(MetricsUnavailable):
+    """/metrics answered, but its counters are no count: a series given twice, a NaN or infinite generation count.
+    What needs them cannot be judged; the run goes on."""
+
+
 @dataclass(frozen=True)
 class MetricsSnapshot:
     """The counters we use, summed over label sets. None: the server does not export that counter (a server
@@ -123,7 +128,7 @@ def parse_metrics(text: str, model_name: str | None = None) -> MetricsSnapshot:
     for sample in ours:
         series = (sample.name, tuple(sorted(sample.labels.items())))
         if series in seen:
-            raise MetricsUnavailable(f"/metrics gives the series {sample.name} with the same labels twice: the "
+            raise CountersUnusable(f"/metrics gives the series {sample.name} with the same labels twice: the "
                                      "exposition is not one server's (a proxy merging two?); read it from the server")
         seen.add(series)
     # A NaN or infinite counter is no count: the counter is unusable (None), not a figure to subtract and judge.
@@ -174,7 +179,8 @@ def snapshot(client: VllmClient, model_name: str | None = None) -> MetricsSnapsh
         raise MetricsUnavailable(error.reason) from error
     result = parse_metrics(text, model_name)
     if result.generation_tokens is None:
-        raise MetricsUnavailable(missing_generation_tokens(result))
+        unusable = GENERATION_TOKENS in result.non_finite
+        raise (CountersUnusable if unusable else MetricsUnavailable)(missing_generation_tokens(result))
     return result
 
 
