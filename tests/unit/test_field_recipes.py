@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe
+from b70ctl.recipes.vllm_lines import load_lines, release_line
 from b70ctl.serve.render import ServeContext, render_serve
 from b70host.topology import CCL_PROFILES
 from test_vllm_lines import wheel
@@ -227,3 +228,27 @@ def test_prefix_caching_is_rendered_only_when_the_recipe_says() -> None:
     assert "--no-enable-prefix-caching" in render_serve(load_recipe("mtp8-fp8-tp2"), CONTEXT).argv
     untouched = render_serve(load_recipe("dspark-int4-tp1"), CONTEXT).argv
     assert not any("prefix-caching" in word or word == "--language-model-only" for word in untouched)
+
+
+# ---- every option and vLLM variable exists in the release the recipe pins
+
+
+@pytest.mark.parametrize("name", FIELD_RECIPES)
+def test_every_rendered_option_and_vllm_variable_is_in_the_pinned_release(name: str) -> None:
+    """The wheel of the recipe's release line (vllm_lines.yaml) declares each option the unit passes
+    (vllm/engine/arg_utils.py; `--no-X` is argparse's negation of a boolean `--X`) and reads each VLLM_* variable
+    the unit sets (vllm/envs.py): an option or variable the release dropped (VLLM_XPU_ENABLE_XPU_GRAPH in 0.33) would
+    be refused or ignored on the host."""
+    recipe = load_recipe(name)
+    line = load_lines().lines[release_line(recipe.vllm_version)]
+    with zipfile.ZipFile(wheel(line.wheel)) as archive:
+        arguments = archive.read("vllm/engine/arg_utils.py").decode()
+        variables = archive.read("vllm/envs.py").decode()
+    baseline = CONTEXT.model_copy(update={"speculative": False})
+    for server in (render_serve(recipe, CONTEXT), render_serve(recipe, baseline)):
+        # --host and --port are the API server's own (its FrontendArgs), set by every unit whatever the recipe.
+        for flag in [word for word in server.argv if word.startswith("--") and word not in ("--host", "--port")]:
+            declared = flag.replace("--no-", "--", 1)
+            assert f'"{declared}"' in arguments, (line.wheel, flag)
+        for variable in [entry for entry in server.env if entry.startswith("VLLM_")]:
+            assert f'"{variable}"' in variables, (line.wheel, variable)
