@@ -349,3 +349,26 @@ def test_a_broken_host_package_lock_is_one_line_naming_the_fix(tmp_path, content
         assert result.exit_code == 2, result.output
         assert result.output.strip() == (f"error: {lock}: {problem}: re-run `b70ctl lock resolve --host-packages`, "
                                          "or restore the file from git")
+
+
+# Relations as Debian bookworm's Packages index gives them (libze1 1.8.12-1's Depends, read with apt-cache show), and
+# the forms policy 7.1 allows: alternatives, an architecture qualifier, and no relation at all.
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("libc6 (>= 2.34), libgcc-s1 (>= 3.0), libstdc++6 (>= 11)",
+     [[("libc6", ">=", "2.34")], [("libgcc-s1", ">=", "3.0")], [("libstdc++6", ">=", "11")]]),
+    ("default-mta | mail-transport-agent, python3:any (<< 3.12)",
+     [[("default-mta", None, None), ("mail-transport-agent", None, None)], [("python3", "<<", "3.12")]]),
+    ("", []),
+])
+def test_relations_are_read_as_policy_writes_them(text: str, parsed: list) -> None:
+    from b70ctl.lock.debs import parse_relations
+
+    assert parse_relations(text) == parsed
+
+
+def test_a_relation_that_cannot_be_read_is_refused_not_taken_raw() -> None:
+    from b70ctl.lock.debs import ResolveError, parse_relations
+
+    with pytest.raises(ResolveError) as refused:
+        parse_relations("libc6 (>= 2.34), libfoo ((>= 1)")
+    assert str(refused.value) == "cannot read the relation 'libfoo ((>= 1)'"

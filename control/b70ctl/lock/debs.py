@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cmp_to_key
 
+from debian.deb822 import Packages, PkgRelation, Release
 from debian.debian_support import version_compare
 
 from b70ctl.lock.debs_model import (
@@ -47,8 +48,8 @@ BASE_DESCRIPTION = ("Essential and Priority required packages, apt, and their de
 # Priority required packages.
 MINBASE_EXTRA = ("apt",)
 Fetch = Callable[[str], bytes]
-_RELATION = re.compile(r"^\s*(?P<name>[a-z0-9][a-z0-9+.-]+)(?::[a-z0-9-]+)?\s*"
-                       r"(?:\(\s*(?P<op><<|<=|=|>=|>>|<|>)\s*(?P<version>[^)\s]+)\s*\))?\s*$")
+# Debian policy 5.6.1: a package name (lower case letters, digits, + - .; at least two characters).
+_PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 _COMPRESSIONS: tuple[tuple[str, Callable[[bytes], bytes]], ...] = (
     (".xz", lzma.decompress), (".gz", gzip.decompress), (".bz2", bz2.decompress), ("", lambda data: data))
 
@@ -105,48 +106,25 @@ def satisfies(version: str, op: str | None, wanted: str | None) -> bool:
 
 
 def parse_relations(text: str) -> list[list[tuple[str, str | None, str | None]]]:
-    """'a (>= 1) | b, c' -> [[(a, '>=', '1'), (b, None, None)], [(c, None, None)]]."""
-    relations = []
-    for clause in filter(None, (part.strip() for part in text.split(","))):
+    """'a (>= 1) | b, c' -> [[(a, '>=', '1'), (b, None, None)], [(c, None, None)]], read by python-debian's
+    PkgRelation (Debian policy 7.1). It hands back a relation it cannot read as a raw name: that is refused."""
+    relations: list[list[tuple[str, str | None, str | None]]] = []
+    if not text.strip():
+        return relations
+    for clause in PkgRelation.parse_relations(text):
         alternatives = []
-        for alternative in clause.split("|"):
-            match = _RELATION.match(alternative)
-            if match is None:
-                raise ResolveError(f"cannot read the relation {alternative.strip()!r}")
-            alternatives.append((match["name"], match["op"], match["version"]))
+        for alternative in clause:
+            if not _PACKAGE_NAME.fullmatch(alternative["name"]):
+                raise ResolveError(f"cannot read the relation {alternative['name'].strip()!r}")
+            op, version = alternative["version"] or (None, None)
+            alternatives.append((alternative["name"], op, version))
         relations.append(alternatives)
     return relations
 
 
-def _stanzas(text: str) -> Iterable[dict[str, str]]:
-    """deb822 paragraphs (Debian policy 5.1) -> {field: value}, continuation lines joined."""
-    for paragraph in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        last = None
-        for line in paragraph.splitlines():
-            if line[:1] in (" ", "\t"):
-                if last is not None:
-                    fields[last] += "\n" + line.strip()
-            elif ":" in line:
-                last, _, value = line.partition(":")
-                fields[last] = value.strip()
-        if fields:
-            yield fields
-
-
 def release_hashes(inrelease: str) -> dict[str, tuple[str, int]]:
     """The SHA256 section of a (clear-signed) InRelease: path -> (sha256, size)."""
-    hashes: dict[str, tuple[str, int]] = {}
-    in_section = False
-    for line in inrelease.splitlines():
-        if not line.startswith(" "):
-            in_section = line.strip() == "SHA256:"
-            continue
-        if in_section:
-            parts = line.split()
-            if len(parts) == 3:
-                hashes[parts[2]] = (parts[0], int(parts[1]))
-    return hashes
+    return {entry["name"]: (entry["sha256"], int(entry["size"])) for entry in Release(inrelease).get("SHA256", [])}
 
 
 def read_index(fetch: Fetch, index: IndexSource, architecture: str, into: SeriesIndex) -> None:
@@ -174,7 +152,8 @@ def read_index(fetch: Fetch, index: IndexSource, architecture: str, into: Series
                                f"{expected[:16]}...: the mirror is mid-sync or tampered with; resolve again later")
         into.locked.append(LockedIndex(source=index.source, url=url, sha256=actual, release_url=release_url,
                                        release_sha256=release_sha))
-        for entry in _stanzas(decompress(data).decode("utf-8", "replace")):
+        for entry in Packages.iter_paragraphs(decompress(data).decode("utf-8", "replace").splitlines(),
+                                              use_apt_pkg=False):
             if entry.get("Architecture") not in (architecture, "all") or "Filename" not in entry:
                 continue
             into.add(Candidate(
