@@ -28,7 +28,9 @@ VERSION_PATTERNS: Final[dict[str, re.Pattern[str]]] = {
 }
 
 # Settings as vLLM echoes them: `non-default args: {'max_model_len': 8192, ...}`, the engine's `key=value` config
-# line, and command-line flags.
+# line, and command-line flags, read only in the lines that echo them (SETTINGS_LINE: a few literals for the
+# prefilter instead of every setting's name).
+SETTINGS_LINE: Final = re.compile(r"non-default args|with config:|vllm serve|vllm\.entrypoints|api_server")
 SETTING_NAMES: Final = ("gpu_memory_utilization", "max_model_len", "tensor_parallel_size", "pipeline_parallel_size",
                         "kv_cache_dtype", "quantization", "dtype", "max_num_seqs", "max_num_batched_tokens",
                         "block_size", "enforce_eager", "speculative_config")
@@ -110,6 +112,6 @@ Probe = tuple[str, str, re.Pattern[str]]
 
 def probes() -> list[Probe]:
     return [*(("version", name, pattern) for name, pattern in VERSION_PATTERNS.items()),
-            ("settings", "", SETTING_PATTERN),
+            ("settings", "", SETTINGS_LINE),
             *(("call", name, pattern) for name, pattern in CALL_PATTERNS),
             *(("decisive", "", pattern) for _, pattern in DECISIVE_PATTERNS)]
