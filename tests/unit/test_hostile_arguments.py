@@ -46,7 +46,7 @@ def _recipe_value(path: tuple[str | int, ...], value_yaml: str) -> Callable[[str
         data = yaml.safe_load(text)
         node = data
         for key in path[:-1]:
-            node = node[key]
+            node = node[key] if isinstance(node, list) else node.setdefault(key, {})
         node[path[-1]] = "@VALUE@"
         return yaml.safe_dump(data, sort_keys=False).replace("'@VALUE@'", value_yaml)
     return change
@@ -117,6 +117,15 @@ CASES = [
     Case("max-model-len-1e21", _show(_recipe_value(("serve", "max_model_len"), "1" + "0" * 21)), 2,
          r"serve\.max_model_len: Input should be less than or equal to 1048576"),
     Case("prompt-tokens-exactly-fitting", _show(_recipe_value(("workloads", 4, "prompt_tokens"), "1984")), 0, ""),
+    # A tolerance of .inf is always met and a bound of .nan never ordered: no recipe number is other than finite.
+    *(Case(f"claim-{name}-{value.strip('.')}", _show(_recipe_value(("claims", 0, *path), value)), 2,
+           rf"recipe file \S*recipe\.yaml: claims\.0\.{re.escape('.'.join(path))}: Input should be a finite number")
+      for name, path in (("tolerance", ("tolerance", "relative")), ("value", ("value",)))
+      for value in (".inf", ".nan", "-.inf")),
+    Case("claim-tolerance-inf-verify", _show(_recipe_value(("claims", 0, "tolerance", "absolute"), ".inf"), "verify"),
+         2, r"claims\.0\.tolerance\.absolute: Input should be a finite number"),
+    Case("serve-gpu-memory-utilization-nan", _show(_recipe_value(("serve", "gpu_memory_utilization"), ".nan")), 2,
+         r"serve\.gpu_memory_utilization: Input should be a finite number"),
     # --out that is no directory: named for what it is, not "File exists".
     Case("out-dev-full", _verify("--out", "/dev/full"), 2,
          r"--out /dev/full: a character device, not a directory: give a directory for the reports$"),

@@ -55,9 +55,10 @@ def site_env_problem(name: str, value: object) -> str | None:
 class Strict(BaseModel):
     """Unknown keys are refused, and so are values of the wrong type: YAML reads `true`, `yes` and `off` as booleans,
     so `tensor_parallel_size: true` would otherwise become 1 and `max_model_len: yes` fail as "below 16"; a
-    quoted '2' is a string. Numbers must be written as numbers."""
+    quoted '2' is a string. Numbers must be written as numbers, and finite: YAML reads `.inf` and `.nan` as floats,
+    and a claim's tolerance of .inf is always met (a NaN is never ordered, so a bound of it meant nothing)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ModelSpec(Strict):
