@@ -182,9 +182,14 @@ def parse_json(text: str | bytes, where: str, fix: str, **options: Any) -> Any:
     """json.loads, with the two ways valid-looking JSON breaks Python's parser as one BadInput line each: nesting
     deeper than the interpreter's recursion limit (RecursionError) and an integer longer than
     sys.get_int_max_str_digits() digits (ValueError, CVE-2020-10735's guard). A JSONDecodeError or
-    UnicodeDecodeError is raised as it is, for the caller's own words. `options` go to json.loads."""
+    UnicodeDecodeError is raised as it is, for the caller's own words. `options` go to json.loads. A key given twice
+    in one object is refused too (BadInput naming it): Python keeps the last, other readers the first, so a file
+    holding two could say one thing to b70ctl and another to whoever reads it next."""
+    options.setdefault("object_pairs_hook", _unique_object)
     try:
         return json.loads(text, **options)
+    except DuplicateKey as error:
+        raise BadInput(f"{where}: {error}: {fix}") from None
     except RecursionError as error:
         raise BadInput(f"{where}: JSON nested too deeply (Python reads about {sys.getrecursionlimit()} levels): "
                        f"{fix}") from error
@@ -193,6 +198,16 @@ def parse_json(text: str | bytes, where: str, fix: str, **options: Any) -> Any:
     except ValueError as error:
         raise BadInput(f"{where}: a JSON number of more than {sys.get_int_max_str_digits()} digits: {fix}") \
             from error
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise DuplicateKey(f"key {key[:80]!r} is given twice in one object: keep one (JSON readers disagree on "
+                               "which one counts)")
+        found[key] = value
+    return found
 
 
 def read_document_text(source: str | Path, limit: int, where: str, fix: str, missing: str | None = None) -> str:

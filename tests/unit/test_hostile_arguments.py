@@ -83,6 +83,19 @@ def _manifest_of(make: Callable[[Path], Path]) -> Callable[[Path], Invocation]:
     return lambda work: Invocation(["model", "manifest", str(make(work))])
 
 
+def _duplicate_reference(work: Path) -> Invocation:
+    """A reference file as verify records it, with its recipe given twice: first another recipe's, then this one."""
+    (work / "ref.json").write_text('{"schema_version": 1, "recipe": "pr620-fp8-tp2", "recipe": "cpu-tiny", '
+                                   '"served_model": "tiny-qwen3", "max_tokens": 48, "prompts": [], "outputs": []}')
+    return Invocation(["verify", "--endpoint", GOOD_URL, "--recipe", "cpu-tiny", "--check", "correctness",
+                       "--reference", str(work / "ref.json"), "--out", str(work / "out"), "--timeout", "5"])
+
+
+def _duplicate_facts(work: Path) -> Invocation:
+    (work / "facts.json").write_text('{"hostname": "b70-a", "hostname": "b70-b"}')
+    return Invocation(["host", "fit", "--recipe", "cpu-tiny", "--facts", str(work / "facts.json")])
+
+
 CASES = [
     # YAML that breaks Python's parser: one line, as JSON's does (files.parse_json).
     Case("recipe-nested-yaml", _show(lambda text: text + NESTED_YAML), 2,
@@ -126,6 +139,11 @@ CASES = [
          2, r"claims\.0\.tolerance\.absolute: Input should be a finite number"),
     Case("serve-gpu-memory-utilization-nan", _show(_recipe_value(("serve", "gpu_memory_utilization"), ".nan")), 2,
          r"serve\.gpu_memory_utilization: Input should be a finite number"),
+    # A key given twice in a JSON file: Python keeps the last, other readers the first.
+    Case("reference-duplicate-key", _duplicate_reference, 2,
+         r"reference file \S*ref\.json: key 'recipe' is given twice in one object: keep one .*: re-record"),
+    Case("host-facts-duplicate-key", _duplicate_facts, 2,
+         r"host facts \S*facts\.json: key 'hostname' is given twice in one object"),
     # --out that is no directory: named for what it is, not "File exists".
     Case("out-dev-full", _verify("--out", "/dev/full"), 2,
          r"--out /dev/full: a character device, not a directory: give a directory for the reports$"),
@@ -185,3 +203,4 @@ def test_an_ordinary_model_directory_is_still_hashed_whole(tmp_path):
     assert outcome.code == 0, outcome.stderr
     files = {f["path"]: f["sha256"] for f in json.loads(outcome.stdout)["manifests"][0]["files"]}
     assert files == {"config.json": hashlib.sha256(b"{}").hexdigest(), "sub/w.bin": hashlib.sha256(b"abc").hexdigest()}
+
