@@ -425,3 +425,33 @@ def test_a_cut_secret_is_redacted_and_a_word_that_begins_like_it_is_not(text, re
         assert redact(text) == redacted
     finally:
         forget_secrets()
+
+
+# --- host directory names: a fleet's collected reports are named by whoever made the directories -----------------
+
+# Every string of the corpus that can be one directory name the fleet report reads (no "/" or NUL, not hidden), plus
+# links and images written without a "/" of their own.
+HOST_DIRECTORY_NAMES = sorted({value for value in ALL.values()
+                               if value and "/" not in value and "\x00" not in value and not value.startswith(".")
+                               and len(value.encode()) < 200}
+                              | {"![x](http:evil.example)", "[click](javascript:alert(1))", "[x][1]",
+                                 "<img src=x onerror=alert(1)>", "**forged** host"})
+
+
+def test_fleet_md_holds_host_directory_names_as_text(tmp_path):
+    from fleet_factory import make_report, write_host
+
+    reports = tmp_path / "reports"
+    write_host(reports, "host-a", make_report("cpu-tiny", "host-a"))
+    for name in HOST_DIRECTORY_NAMES:
+        write_host(reports, name, make_report("cpu-tiny", None))
+    outcome = run_b70ctl(["fleet", "report", str(reports), "--out", str(tmp_path / "fleet")])
+    assert outcome.code in (0, 1) and "Traceback" not in outcome.stderr, outcome.stderr
+    markdown = (tmp_path / "fleet" / "fleet.md").read_text()
+    inline = [child.type for token in PARSER.parse(markdown) for child in token.children or []]
+    assert not {"link_open", "image", "html_inline"} & set(inline), sorted(set(inline))
+    assert not [token.type for token in PARSER.parse(markdown) if token.type == "html_block"]
+    assert sum(1 for token in PARSER.parse(markdown) if token.type == "heading_open" and token.tag == "h1") == 1
+    assert "\x1b" not in markdown + outcome.stdout + outcome.stderr
+    hosts = {entry["host"] for entry in json.loads((tmp_path / "fleet" / "fleet.json").read_text())["hosts"]}
+    assert len(hosts) == len(HOST_DIRECTORY_NAMES) + 1  # every directory is a host of the report, none dropped
