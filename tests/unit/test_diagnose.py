@@ -56,6 +56,9 @@ EXPECTED: dict[str, set[str]] = {
     "quoted/oneccl-device-fd-invalid.log": {"layer-oneccl-error"},
     "quoted/container-dri-nodes.log": {"layer-container-device-access"},
     "quoted/ze-out-of-device-memory-oneccl.log": {"device-out-of-memory"},
+    # The compiler's error names a runtime code too: two layers, each with its first step.
+    "quoted/inductor-ze-invalid-kernel-name.log": {"layer-torch-compile-error", "layer-level-zero-error"},
+    "quoted/safetensors-header.log": {"layer-model-loader-error"},
 }
 REAL_EXPECTED_PATH = FIXTURES / "real" / "expected.json"
 
@@ -562,18 +565,19 @@ def test_a_layer_without_a_named_cause_exits_3_with_its_first_step() -> None:
 
 
 def test_a_failure_no_entry_names_prints_its_lines_layer_and_versions(tmp_path: Path) -> None:
-    # A real vLLM CPU start refused by the config check, without the line its entry reads: the ValidationError
-    # header is still a failure, in vLLM's layer, with the version and settings the log echoed.
-    lines = [line.text for line in read_log(str(FIXTURES / "real/spec-refused.log"))
-             if "adaptive draft verification" not in line.text and "SpeculativeConfig" not in line.text]
+    # A real vLLM CPU start whose worker could not allocate, without the lines its entry reads: the engine's own
+    # "initialization failed" is still a failure, printed with the version and settings the log echoed.
+    entry = next(signature for signature in load_catalogue().signatures
+                 if signature.id == "host-memory-allocation-failed")
+    lines = [line.text for line in read_log(str(FIXTURES / "real/memory-limit.log"))
+             if not any(re.search(pattern.regex, line.text) for pattern in entry.patterns)]
     log = tmp_path / "unknown.log"
     log.write_text("\n".join(lines) + "\n")
     result = CliRunner().invoke(app, ["diagnose", "--log", str(log), "--json"])
     assert result.exit_code == 3
     document = json.loads(result.stdout)
     assert document["failures"] == []
-    assert document["unknown"]["layers"] == ["vllm"]
-    assert "validation error for VllmConfig" in document["unknown"]["lines"][0]["text"]
+    assert "Engine core initialization failed" in document["unknown"]["lines"][0]["text"]
     assert document["context"]["versions"]["vllm"] == "0.32.0"
     assert document["context"]["settings"]["max_model_len"] == "2048"
     text = CliRunner().invoke(app, ["diagnose", "--log", str(log)]).stdout
