@@ -561,6 +561,9 @@ def test_a_layer_without_a_named_cause_exits_3_with_its_first_step() -> None:
     result = CliRunner().invoke(app, ["diagnose", "--log", str(FIXTURES / "quoted/ur-unsupported-feature.log")])
     assert result.exit_code == 3
     assert "layer level-zero, cause not known" in result.stdout and "ZE_AFFINITY_MASK=0" in result.stdout
+    # The code's number and meaning, as oneapi-src/unified-runtime's header gives them.
+    assert "code UR_RESULT_ERROR_UNSUPPORTED_FEATURE = 44: [Validation] generic error code for unsupported features" \
+        in result.stdout
     assert "cause is not known" in result.stdout.splitlines()[-1]
 
 

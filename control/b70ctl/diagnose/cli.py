@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from b70ctl.diagnose.catalogue import load_catalogue
+from b70ctl.diagnose.codes import ResultCode, codes_in
 from b70ctl.diagnose.collect import collect_unit, local_runner, log_size, ssh_runner, stream_log_batches
-from b70ctl.diagnose.match import LineBatch, diagnose_lines
+from b70ctl.diagnose.match import MAX_LINE_CHARS, LineBatch, diagnose_lines
 from b70ctl.diagnose.model import Diagnosis, Fix, LogLine, Match
 from b70ctl.diagnose.start import FailedStart, diagnose_start
 from b70ctl.errors import BadInput, first_problem
@@ -132,6 +133,16 @@ def render_line(line: LogLine, out: Console, indent: str = "  ") -> None:
     out.print(f"{indent}{escape(line.log)}:{line.number}: {escape(line.text.strip()[:400])}", highlight=False)
 
 
+def render_codes(lines: list[LogLine], out: Console) -> None:
+    """Each result code the lines name, once, with its number and its meaning from the runtime's header."""
+    seen: dict[str, ResultCode] = {}
+    for line in lines:
+        for code in codes_in(line.text[:MAX_LINE_CHARS]):
+            seen.setdefault(code.name, code)
+    for code in seen.values():
+        out.print(f"  code {code.name} = {code.number}: {escape(code.meaning)}", highlight=False)
+
+
 def render_match(match: Match, out: Console) -> None:
     if match.generic:
         out.print(f"[bold red]FAILURE[/] in layer [bold]{escape(match.layer or '')}[/], cause not known "
@@ -142,6 +153,7 @@ def render_match(match: Match, out: Console) -> None:
         render_line(line, out)
     if match.evidence_count > len(match.evidence):
         out.print(f"  ... {match.evidence_count - len(match.evidence)} more matching line(s)")
+    render_codes(match.evidence, out)
     out.print(f"  meaning: {escape(match.meaning)}", highlight=False)
     if match.causes:
         if match.picked_cause is not None:
@@ -190,8 +202,7 @@ def render(diagnosis: Diagnosis, out: Console) -> None:
                   highlight=False)
         for line in unknown.lines:
             render_line(line, out)
-        if unknown.codes:
-            out.print("  codes: " + escape(", ".join(unknown.codes)), highlight=False)
+        render_codes(unknown.lines, out)
     if diagnosis.failures or diagnosis.unknown is not None:
         render_context(diagnosis, out)
     where = f"{diagnosis.lines_read} line(s) of {', '.join(diagnosis.logs) or 'nothing'}"

@@ -287,15 +287,14 @@ class _Reader:
         self.settings: dict[str, str] = {}
         self.last_call: str | None = None
         self.failing_call: str | None = None
-        self.decisive: list[tuple[LogLine, bool]] = []  # (line, also evidence of some signature)
+        self.decisive: list[LogLine] = []
 
     def line(self, line: LogLine, readers: frozenset[int]) -> None:
         text = line.text[:MAX_LINE_CHARS]
-        seen = False
         probes: list[int] = []
         for index in readers:
             if index >= 0:
-                seen = self.watches[index].see(line, text) or seen
+                self.watches[index].see(line, text)
             else:
                 probes.append(-1 - index)
         if line.kind == "verify":
@@ -318,7 +317,7 @@ class _Reader:
             if self.failing_call is None:
                 self.failing_call = self.last_call
             if len(self.decisive) < 4 * EVIDENCE_LINES:
-                self.decisive.append((line, seen))
+                self.decisive.append(line)
 
     def batch(self, batch: LineBatch) -> None:
         self.read += len(batch.texts)
@@ -393,7 +392,7 @@ def contradictions(catalogue: Catalogue, matches: Iterable[Match], profile: str 
 def _unknown(reader: _Reader, harmless: list[Match]) -> UnknownFailure | None:
     """The decisive lines no harmless entry explains, with their layers and codes; None when there are none."""
     explained = {(line.log, line.number) for match in harmless for line in match.evidence}
-    lines = [line for line, _ in reader.decisive if (line.log, line.number) not in explained][:EVIDENCE_LINES]
+    lines = [line for line in reader.decisive if (line.log, line.number) not in explained][:EVIDENCE_LINES]
     if not lines:
         return None
     layers: list[str] = []
