@@ -599,3 +599,21 @@ def test_a_healthy_log_has_no_decisive_line() -> None:
             log = FIXTURES.parent / "field" / "logs" / f"{entry['id']}.log"
             assert diagnose_lines(load_catalogue(), read_log(str(log)), [log.name]).unknown is None, entry["id"]
     assert diagnose_file("real/healthy.log").unknown is None
+
+
+def test_the_guc_the_kernel_log_shows_picks_the_engine_reset_cause(tmp_path: Path) -> None:
+    # The firmware line as xe prints it (geerlingguy/raspberry-pi-pcie-devices#695, an Arc B580's dmesg) ahead of
+    # the engine resets of intel/compute-runtime#948: a GuC before 70.65 picks the firmware update.
+    field_log = FIXTURES.parent / "field" / "logs" / "k-compute-runtime-948-b580-guc-70-58-enoent.log"
+    guc_line = ("[    3.884544] xe 0000:03:00.0: [drm] Using GuC firmware from xe/bmg_guc_70.bin version 70.36.0\n")
+    log = tmp_path / "kernel.log"
+    log.write_text(guc_line + field_log.read_text())
+    [reset] = [match for match in diagnose_lines(load_catalogue(), read_log(str(log)), ["log"]).failures
+               if match.id == "xe-engine-reset-fault"]
+    assert reset.picked_cause == 0 and "70.65" in reset.fix.text
+    assert [line.number for line in reset.cause_evidence] == [1]
+    # The same resets after a GuC of 70.65 or newer: not the firmware's age, whatever the first cause says.
+    log.write_text(guc_line.replace("70.36.0", "70.72.1") + field_log.read_text())
+    [reset] = [match for match in diagnose_lines(load_catalogue(), read_log(str(log)), ["log"]).failures
+               if match.id == "xe-engine-reset-fault"]
+    assert reset.picked_cause == 2 and reset.fix == reset.causes[2].fix
