@@ -617,3 +617,17 @@ def test_the_guc_the_kernel_log_shows_picks_the_engine_reset_cause(tmp_path: Pat
     [reset] = [match for match in diagnose_lines(load_catalogue(), read_log(str(log)), ["log"]).failures
                if match.id == "xe-engine-reset-fault"]
     assert reset.picked_cause == 2 and reset.fix == reset.causes[2].fix
+
+
+def test_no_xpu_device_with_an_unreadable_render_node_picks_the_device_nodes(tmp_path: Path) -> None:
+    # vllm-project/vllm#48625's "XPU device count is zero", beside a container's refused render node (the line
+    # netbrain/zwift#230 posted): the libraries loaded; the device nodes are the cause, not LD_LIBRARY_PATH.
+    field_log = FIXTURES.parent / "field" / "logs" / "k-vllm-48625-b70-xpu-device-count-zero.log"
+    log = tmp_path / "serve.log"
+    log.write_text("failed to open /dev/dri/renderD129: Permission denied\n" + field_log.read_text())
+    found = diagnose_lines(load_catalogue(), read_log(str(log)), ["log"])
+    [match] = [match for match in found.failures if match.id == "oneapi-environment-not-sourced"]
+    assert match.picked_cause == 3 and "--group-add render" in match.fix.text
+    assert not any(match.generic for match in found.failures)  # the specific entry speaks, not the layer's
+    [alone] = diagnose_lines(load_catalogue(), read_log(str(field_log)), ["log"]).failures
+    assert alone.picked_cause is None and "LD_LIBRARY_PATH" in alone.fix.text
