@@ -34,6 +34,9 @@ SEED = re.compile(r"\bseeds?[ _/]?0\d\d\b", re.IGNORECASE)
 # docs/<file>.md, "Section" (or : or a space before the quote; the quote may start on the next line).
 SECTION = re.compile(r"(?<![\w./-])(docs/[\w./-]+\.md)(?:[,:]\s*|\s+)(?:\"([^\"\n]+)\"|'([^'\n]+)')")
 ALWAYS_CHECKED = ("docs", "seeds")
+# Outside documents kept as their authors posted them (tests/fixtures/published/README.md): their own references
+# point into their own repositories, and the text is not ours to change.
+POSTED = ("tests/fixtures/published/",)
 
 
 class Repository:
@@ -107,7 +110,8 @@ def test_every_citation_of_a_repository_file_names_one_that_exists() -> None:
     broken = []
     for name in files:
         path = REPO / name
-        if not path.is_file() or path.is_symlink():
+        posted = name.startswith(POSTED) and PurePosixPath(name).name not in ("README.md", "sources.yaml")
+        if posted or not path.is_file() or path.is_symlink():
             continue
         data = path.read_bytes()
         if b"\0" in data:
