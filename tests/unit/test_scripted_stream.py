@@ -180,17 +180,21 @@ def test_decode_peak_and_ttft_match_the_script(server, tmp_path, monkeypatch):
 
 
 def test_peak_of_the_script_when_delivery_is_on_time(server, tmp_path):
-    """The script's own peak (47 tokens from the fourth chunk on): chunks 50 ms clear of every window edge keep it exact
-    unless the machine delays a chunk by more than that, which the tap then shows."""
+    """The peak is the most tokens the client saw arrive in any one second, on the arrival times it recorded (the raw
+    file); when every chunk arrived within 50 ms of the script, that is the script's own peak (47 tokens from the
+    fourth chunk on). A loaded machine may delay chunks: the figure then follows what was delivered, and the test
+    asserts that, not the machine's timing."""
     server.scripts["timed"] = TIMED
-    tap = TappedTransport()
-    with client_for(server, transport=tap) as client:
+    with client_for(server) as client:
         result = run_throughput(client, recipe_with(workload("timed", "timed")), tmp_path / "raw")
-    _, events = tap.delivered_events(len(tap.requests) - 1)
-    offsets = [t - events[0][0] for t, _ in events]
-    on_time = all(abs(offset - nominal) < 0.05 for offset, nominal in zip(offsets, TIMED.offsets_s))
-    expected = TIMED_PEAK_TOK_S if on_time else most_tokens_in_one_second(events)
-    assert result.workloads[0].requests[0].client_peak_tok_s == expected
+    sample = result.workloads[0].requests[0]
+    chunks = json.loads((tmp_path / sample.raw_file).read_text())["chunks"]
+    arrivals = [(chunk["t_s"], len(chunk["token_ids"])) for chunk in chunks if chunk["token_ids"]]
+    assert sample.client_peak_tok_s == most_tokens_in_one_second(arrivals)
+    offsets = [t - arrivals[0][0] for t, _ in arrivals]
+    if len(offsets) == len(TIMED.offsets_s) and all(
+            abs(offset - nominal) < 0.05 for offset, nominal in zip(offsets, TIMED.offsets_s)):
+        assert sample.client_peak_tok_s == TIMED_PEAK_TOK_S
 
 
 def test_raw_files_hold_what_recomputes_each_figure(server, tmp_path):
