@@ -10,6 +10,8 @@ entry of the held-out index and sorts each case by what an owner would be told:
                  names nothing (an honest "not known")
   named wrong    a failure where diagnose names something, but not that: a confident fix the thread disagrees
                  with, or any fix where the catalogue has no entry for the case
+  layer only     a failure where diagnose gives only a layer's generic entry (its first step whatever the cause):
+                 the honest "not known" with the layer, neither a settled fix nor a wrong one
   missed         a failure where diagnose names nothing and a named fix was due
   healthy flagged a healthy run where diagnose names a failure
 
@@ -35,7 +37,9 @@ from b70ctl.diagnose.collect import read_log
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_INDEX = REPO / "tests" / "fixtures" / "field" / "heldout" / "index.yaml"
-VERDICTS = ("named right", "named wrong", "missed", "healthy clean", "healthy flagged")
+VERDICTS = ("named right", "named wrong", "layer only", "missed", "healthy clean", "healthy flagged")
+# Catalogue entries renamed after the index was written: the same entry under its new id.
+RENAMED = {"ur-out-of-device-memory-multi-gpu": "device-out-of-memory"}
 # The held-out index has its own names for the eight layers; diagnose's model uses short ones for the same eight.
 HELDOUT_LAYER = {"kernel-driver": "kernel-firmware-pcie", "level-zero": "level-zero-ur-sycl", "oneccl": "oneccl",
                  "torch": "torch-triton-kernels-abi", "vllm": "vllm-config-scheduler", "model-loader": "model-loader",
@@ -52,15 +56,19 @@ def settled_on_nothing(entry: dict[str, Any]) -> bool:
 
 
 def verdict(entry: dict[str, Any], diagnosis: Diagnosis) -> str:
-    named = diagnosis.failures
     if entry["kind"] == "healthy":
-        return "healthy flagged" if named else "healthy clean"
-    agreeing = [match for match in named if match.id in entry["expect"]
+        return "healthy flagged" if diagnosis.failures else "healthy clean"
+    # A generic entry (diagnose's model marks them) names a layer, not a cause.
+    named = [match for match in diagnosis.failures if not getattr(match, "generic", False)]
+    expect = {RENAMED.get(name, name) for name in entry["expect"]}
+    agreeing = [match for match in named if match.id in expect
                 and all(mention in fix_text(match) for mention in entry["fix_mentions"])]
     if agreeing:
         return "named right"
     if not named:
-        return "named right" if not entry["expect"] and settled_on_nothing(entry) else "missed"
+        if not entry["expect"] and settled_on_nothing(entry):
+            return "named right"
+        return "layer only" if diagnosis.failures else "missed"
     return "named wrong"
 
 
@@ -126,6 +134,7 @@ def render(result: dict[str, Any]) -> str:
         f"Held-out failures {failures}, healthy runs {healthy} ({result['index']})",
         f"named with the settled fix: {share(counts['named right'], failures)}",
         f"named wrong:                {share(counts['named wrong'], failures)}",
+        f"layer only:                 {share(counts['layer only'], failures)}",
         f"missed:                     {share(counts['missed'], failures)}",
         f"healthy flagged:            {share(counts['healthy flagged'], healthy)}",
         f"layer given / right:        {result['layer_given']} given, {result['layer_right']} right",
