@@ -101,7 +101,7 @@ def test_an_overlay_out_of_date_with_its_recipe_is_refused() -> None:
     # The baseline has no speculative config: only what it holds is changed.
     baseline = apply_overlay(ServeCommand(argv=["--model", "m", "--gpu-memory-utilization=0.90"], env={}), overlay,
                              speculative=False)
-    assert baseline.argv == ["--model", "m", "--gpu-memory-utilization", "0.10"]
+    assert baseline.argv == ["--model", "m", "--gpu-memory-utilization", "0.05"]
 
 
 def test_rehearsal_of_a_recipe_without_an_overlay_is_one_line_exit_2(tmp_path: Path) -> None:
