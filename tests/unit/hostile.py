@@ -18,8 +18,10 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +207,27 @@ def assert_left_clean(root: Path, before: dict[str, tuple[str, int, int]], may_w
     assert not changed, f"written outside the target: {changed}"
     half = sorted(name for name in after if HALF_WRITTEN.search(name.rsplit("/", 1)[-1]))
     assert not half, f"half-written files left: {half}"
+
+
+class LoopbackServer:
+    """A threaded HTTP server on 127.0.0.1 answering with `handler`, started by `with` and shut down after: the fake
+    servers of the hostile rows differ only in their handler."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], *, quiet_errors: bool = False) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        if quiet_errors:  # a connection the handler resets on purpose is not an error to print
+            self.httpd.handle_error = lambda request, address: None  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self):  # noqa: ANN204 - the subclass itself
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -19,18 +19,17 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
 from functools import cache
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hostile import Outcome, assert_left_clean, assert_one_line_error, run_b70ctl, snapshot
+from hostile import LoopbackServer, Outcome, assert_left_clean, assert_one_line_error, run_b70ctl, snapshot
 
 SECRET = "sk-hostile-answers-7c2d"
 B70CTL = [sys.executable, "-c", "import sys; from b70ctl.cli import main; sys.argv[0] = 'b70ctl'; sys.exit(main())"]
@@ -49,7 +48,7 @@ def _json(status: int, value: Any) -> Answer:
     return status, {"Content-Type": "application/json"}, _body(json.dumps(value).encode())
 
 
-class Answering:
+class Answering(LoopbackServer):
     """A server on 127.0.0.1 whose answer to each path (and, for POST, to a streamed or a plain request) is set by
     the row: any status, headers and body, written in pieces as they come. `None` as an answer resets the
     connection (an RST: SO_LINGER 0)."""
@@ -98,22 +97,7 @@ class Answering:
 
             do_GET = do_POST = _answer  # noqa: N815
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.handle_error = lambda request, address: None  # type: ignore[method-assign] # a reset it made
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> Answering:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler, quiet_errors=True)
 
 
 def _with_models(**routes: Answer | None) -> dict[str, Answer | None]:

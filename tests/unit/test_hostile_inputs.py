@@ -17,6 +17,7 @@ import pytest
 from b70ctl.lock.model import FilePin, ImagePin, ModelPin, PatchSeriesPin, build_lock, lock_document
 from hostile import (
     Invocation,
+    LoopbackServer,
     Outcome,
     assert_left_clean,
     assert_one_line_error,
@@ -423,13 +424,12 @@ def test_drafter_dirs(case: Case, tmp_path: Path) -> None:
 # --- endpoints that misbehave, API keys, URLs ---------------------------------------------------------------
 
 
-class Misbehaving:
+class Misbehaving(LoopbackServer):
     """A local HTTP server answering each path with a fixed (status, content type, body); it records the
     Authorization header of every request."""
 
     def __init__(self, routes: dict[str, tuple[int, str, bytes]]) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
 
         self.routes = routes
         self.authorizations: list[str | None] = []
@@ -461,21 +461,7 @@ class Misbehaving:
 
             do_GET = do_POST = _answer  # noqa: N815
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> Misbehaving:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 SECRET = "sk-hostile-4f1e9d"
