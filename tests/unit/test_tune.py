@@ -320,6 +320,8 @@ def test_the_command_refuses_in_one_line(tmp_path):
     for args, message in [
         (("--recipe", "pr620-fp8-tp2"), "error: recipe pr620-fp8-tp2 runs on B70 hosts"),
         (("--budget-requests", "0"), "error: --budget-requests 0:"),
+        (("--recipe", "cpu-tiny", "--recipe", "cpu-tiny"), "error: --recipe cpu-tiny is given twice"),
+        (("--recipe", "cpu-tiny", "--recipe", "mtp3-int4-tp2"), "error: recipe mtp3-int4-tp2 runs on B70 hosts"),
         (("--budget-requests", "30", "--out", str(tmp_path)), "error: a budget of 30 requests does not cover one "
                                                               "round of 10 candidates"),
     ]:
@@ -421,3 +423,137 @@ def test_the_command_end_to_end_stopped_then_resumed(tmp_path, monkeypatch):
     printed = TuneReport.model_validate_json(resumed.stdout[resumed.stdout.index("{"):])
     assert printed.tuned_overrides == {"method": "draft_model", "num_speculative_tokens": 5}
     assert printed == TuneReport.model_validate_json((tmp_path / "tune.json").read_text())
+
+
+# -- a race of recipes -------------------------------------------------------------------------------------------
+RACE_HOST = CPU_TINY.model_copy(update={"tune": CPU_TINY.tune.model_copy(update={
+    "num_speculative_tokens": [2, 4], "ngram": None, "budget_requests": 120})})
+NGRAM_RECIPE = load_recipe("cpu-tiny-ngram")
+TARGET_ONLY = load_recipe("cpu-tiny-target-only")
+
+
+class RecipeServing(ScriptedServing):
+    """One raced recipe's servers: every candidate of it serves at `rate` (or rates[k] for the host's k), the
+    target-only baseline at 300 tok/s; `wrong` answers other greedy tokens; `started` is shared by the race."""
+
+    def __init__(self, recipe, started: list[str], rates=None, wrong=False, baselines: list[str] | None = None):
+        super().__init__(rates or {}, wrong=frozenset({recipe.name}) if wrong else frozenset())
+        self.recipe, self.started, self.baselines = recipe, started, baselines if baselines is not None else []
+
+    @contextmanager
+    def baseline(self):
+        self.baselines.append(self.recipe.name)
+        with super().baseline() as endpoint:
+            yield endpoint
+
+    @contextmanager
+    def candidate(self, candidate: Candidate):
+        assert candidate.recipe == self.recipe.name
+        key = k_of(candidate) if candidate.overrides else self.recipe.name
+        self.started.append(f"{self.recipe.name}:{key}")
+        with ScriptedServer(model=self.model) as server:
+            server.default_script = steady_script(self.rates.get(key, 100.0))
+            if self.recipe.name in self.wrong:
+                server.first_token_id = 999
+            yield Endpoint(server.url, model=self.model, timeout_s=10)
+
+
+def test_a_race_keeps_the_fastest_correct_recipe_and_writes_it_as_the_hosts(tmp_path):
+    from b70ctl.tune.run import Entrant, run_race
+
+    started: list[str] = []
+    baselines: list[str] = []
+    entrants = [
+        Entrant(RACE_HOST, RecipeServing(RACE_HOST, started, {2: 240.0, 4: 200.0}, baselines=baselines)),
+        Entrant(NGRAM_RECIPE, RecipeServing(NGRAM_RECIPE, started, {"cpu-tiny-ngram": 320.0}, baselines=baselines)),
+        # fastest of all, and wrong: out whatever its speed
+        Entrant(TARGET_ONLY, RecipeServing(TARGET_ONLY, started, {"cpu-tiny-target-only": 900.0}, wrong=True,
+                                           baselines=baselines)),
+    ]
+    report = run_race(entrants, tmp_path)
+    write_tune_outputs(report, tmp_path)
+    # One baseline: the three recipes' target-only servers are the same server (same target, image, correctness).
+    assert baselines == ["cpu-tiny"]
+    # Round 0: every recipe's candidates; round 1: the best two (ngram, k=2); the final: the host's default, then
+    # the winner, back to back.
+    assert started == ["cpu-tiny:2", "cpu-tiny:4", "cpu-tiny-ngram:cpu-tiny-ngram",
+                       "cpu-tiny-target-only:cpu-tiny-target-only",
+                       "cpu-tiny-ngram:cpu-tiny-ngram", "cpu-tiny:2",
+                       "cpu-tiny:4", "cpu-tiny-ngram:cpu-tiny-ngram"]
+    results = {c.label: c for c in report.candidates}
+    assert "greedy outputs differ" in results["cpu-tiny-target-only: the recipe as it is"].disqualified
+    assert results["cpu-tiny: k=4"].is_default
+    assert report.race == ["cpu-tiny", "cpu-tiny-ngram", "cpu-tiny-target-only"]
+    assert report.outcome == "tuned" and report.winner_recipe == "cpu-tiny-ngram" and report.tuned_overrides == {}
+    assert report.final.winner.score_tok_s == pytest.approx(320.0)
+    assert report.final.default.score_tok_s == pytest.approx(200.0)
+    # Every candidate ran the host recipe's workloads.
+    assert report.workloads == ["short", "acceptance_friendly", "natural", "long_prompt"]
+    assert report.spent_requests <= 120
+    written = yaml.safe_load((tmp_path / "b70_tuned.yml").read_text())
+    assert written["b70_recipe"] == "cpu-tiny-ngram"
+    assert written["vllm_serve_tuned"]["recipe"] == "cpu-tiny-ngram"
+    assert written["vllm_serve_tuned"]["overrides"] == {}
+    markdown = (tmp_path / "tune.md").read_text()
+    assert "# Race of cpu-tiny, cpu-tiny-ngram, cpu-tiny-target-only" in markdown
+    assert "| cpu-tiny-ngram | the recipe as it is | 320.0 |" in markdown
+    assert "cpu-tiny-ngram: the recipe as it is beats the recipe's default (cpu-tiny: k=4)" in report.summary
+
+
+def test_a_race_resumes_from_its_state_and_a_one_recipe_tune_keeps_its_old_keys(tmp_path):
+    from b70ctl.tune.run import Entrant, run_race
+
+    def entrants(started):
+        return [Entrant(RACE_HOST, RecipeServing(RACE_HOST, started, {2: 240.0, 4: 200.0})),
+                Entrant(NGRAM_RECIPE, RecipeServing(NGRAM_RECIPE, started, {"cpu-tiny-ngram": 320.0}))]
+
+    first: list[str] = []
+    run_race(entrants(first), tmp_path)
+    again: list[str] = []
+    report = run_race(entrants(again), tmp_path)
+    assert again == [] and report.winner_recipe == "cpu-tiny-ngram"  # everything was measured: nothing served
+    # A one-recipe tune names candidates by their overrides alone, as state files written before races did.
+    assert Candidate(overrides={"num_speculative_tokens": 2}).key == '{"num_speculative_tokens":2}'
+    assert json.loads(Candidate(overrides={}, recipe="cpu-tiny-ngram").key) == {"overrides": {},
+                                                                                "recipe": "cpu-tiny-ngram"}
+
+
+def test_a_race_is_refused_before_anything_starts_when_it_cannot_be_run(tmp_path):
+    from b70ctl.tune.run import race_plan
+
+    with pytest.raises(BadInput, match="--recipe cpu-tiny is given twice"):
+        race_plan([CPU_TINY, CPU_TINY])
+    with pytest.raises(BadInput, match="runs on xpu hosts, cpu-tiny on cpu"):
+        race_plan([CPU_TINY, load_recipe("mtp3-int4-tp2")])
+    with pytest.raises(BadInput, match="none of the raced recipes .* has a tune section"):
+        race_plan([NGRAM_RECIPE, TARGET_ONLY])
+
+
+def test_a_race_over_the_appliance_unit_refuses_a_recipe_the_serving_stage_did_not_install():
+    """On a host the unit serves the host recipe's image and models: a raced recipe needing others is refused
+    before the host is touched (no command run)."""
+    from b70ctl.tune.unit import ApplianceHost, SystemdUnitServing
+
+    class NoShell:
+        def run(self, argv, stdin=None):
+            raise AssertionError(f"the host was touched: {argv}")
+
+    host = ApplianceHost.model_validate({"name": "b70-a", "unit": "b70-vllm", "port": 8000,
+                                         "config_dir": "/etc/b70/vllm", "etc_dir": "/etc/b70"})
+    unit = SystemdUnitServing(load_recipe("pr620-fp8-tp2"), host, NoShell())
+    with pytest.raises(BadInput, match="--recipe mtp8-fp8-tp2 needs image .* which the serving stage did not "
+                                       "install on b70-a"):
+        unit.serving_of(load_recipe("mtp8-fp8-tp2"))
+    cpu = SystemdUnitServing(CPU_TINY, host, NoShell())
+    assert cpu.serving_of(CPU_TINY) is cpu
+    assert cpu.serving_of(NGRAM_RECIPE).recipe is NGRAM_RECIPE
+
+
+def test_a_race_report_shows_each_recipes_published_records_with_their_urls():
+    from b70ctl.tune.run import published_records
+
+    records = published_records([load_recipe("mtp3-int4-tp2"), load_recipe("pr620-fp8-tp2")])
+    mtp3 = {r.claim: r for r in records if r.recipe == "mtp3-int4-tp2"}
+    assert mtp3["code-decode"].tok_s == 109.0
+    assert mtp3["code-decode"].url.startswith("https://github.com/bklinkradt/arc-b70-llm-stack/")
+    assert any(r.recipe == "pr620-fp8-tp2" and r.tok_s == 72.2 for r in records)

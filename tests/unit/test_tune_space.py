@@ -49,14 +49,19 @@ def test_tuned_oneccl_variables_are_the_profiles_own():
 
 
 def test_every_candidate_is_a_valid_recipe():
+    untuned = set()
     for name in recipe_names():
         recipe = load_recipe(name)
+        if recipe.tune is None:  # a race's entrant as it is (one candidate)
+            untuned.add(name)
+            continue
         for profile in ("p2p", "no-p2p"):
             for overrides in recipe.tune.grid(profile):
                 tuned = recipe.with_overrides(overrides)
                 assert tuned.tune is None
                 if "num_speculative_tokens" in overrides:
                     assert tuned.serve.speculative.num_speculative_tokens == overrides["num_speculative_tokens"]
+    assert untuned <= {"cpu-tiny-ngram", "cpu-tiny-target-only"}, untuned
 
 
 def test_k_as_a_list_skips_values(tmp_path):

@@ -336,6 +336,7 @@ import pathlib, sys
 out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
 out.mkdir(parents=True, exist_ok=True)
 (out / "host.json").write_text(sys.stdin.read())
+(out / "argv.json").write_text(__import__("json").dumps(sys.argv[1:]))
 (out / "b70_tuned.yml").write_text("vllm_serve_tuned: {{}}\\n")
 sys.stderr.write("tune: kept the default\\n")
 """
@@ -356,7 +357,9 @@ def test_the_roles_tune_tasks_hand_b70ctl_each_hosts_connection_through_ansible(
     inventory.write_text(json.dumps({"b70_hosts": {"hosts": {
         "b70-remote": {"ansible_host": "10.0.0.5", "ansible_port": "2222", "ansible_user": "ops",
                        "ansible_ssh_private_key_file": "/keys/id", "ansible_ssh_common_args": "-o A=b",
-                       "ansible_ssh_extra_args": "-o 'C=d e'"},
+                       "ansible_ssh_extra_args": "-o 'C=d e'",
+                       # a race: the host's own recipe listed too, in another place
+                       "vllm_serve_tune_recipes": ["cpu-tiny-ngram", "cpu-tiny", "cpu-tiny-target-only"]},
         "b70-bare": {},
         "b70-here": {"ansible_connection": "local"},
     }}}))
@@ -370,7 +373,9 @@ def test_the_roles_tune_tasks_hand_b70ctl_each_hosts_connection_through_ansible(
                  "vllm_serve_port": 8000, "vllm_serve_config_dir": CONFIG_DIR, "vllm_serve_baseline": False,
                  "vllm_serve_baseline_unit": BASELINE_UNIT, "vllm_serve_api_key": "",
                  "vllm_serve_health_timeout": 900},
-        "tasks": [{"ansible.builtin.include_tasks": str(REPO / "roles/vllm_serve/tasks/tune.yml")}]}]))
+        "tasks": [{"ansible.builtin.include_tasks": str(REPO / "roles/vllm_serve/tasks/tune.yml"),
+                   "vars": {"vllm_serve_tune_recipes": "{{ hostvars[inventory_hostname].vllm_serve_tune_recipes "
+                                                       "| default([]) }}"}}]}]))
     env = {**os.environ, "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"), "ANSIBLE_REMOTE_TMP": str(tmp_path / "remote")}
     run = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
@@ -389,6 +394,22 @@ def test_the_roles_tune_tasks_hand_b70ctl_each_hosts_connection_through_ansible(
     assert (bare.connection, bare.address, bare.ssh_port, bare.ssh_user) == ("ssh", "b70-bare", 22, None)
     assert handed("b70-here").connection == "local"
     assert (tmp_path / "host_vars" / "b70-here" / "b70_tuned.yml").is_file()
+
+    # The command line as b70ctl's own parser reads it: the host's recipe first, then the race's others once.
+    import typer.main
+
+    from b70ctl.cli import app
+
+    group = typer.main.get_command(app)
+    tune = group.get_command(group.make_context("b70ctl", ["tune"]), "tune")  # type: ignore[attr-defined]
+
+    def raced(host: str) -> list[str]:
+        argv = json.loads((tmp_path / "reports" / host / "tune" / "argv.json").read_text())
+        assert argv[0] == "tune"
+        return list(tune.make_context("tune", argv[1:]).params["recipe"])
+
+    assert raced("b70-remote") == ["cpu-tiny", "cpu-tiny-ngram", "cpu-tiny-target-only"]
+    assert raced("b70-bare") == ["cpu-tiny"]
 
 
 def test_a_host_with_no_connection_settings_is_reached_by_its_inventory_name_as_ssh_would():

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
 
 def tune_command(
-    recipe: Annotated[str, typer.Option(help="Recipe name (b70ctl recipes list) or recipe file")] = "cpu-tiny",
+    recipe: Annotated[list[str], typer.Option(
+        help="Recipe name (b70ctl recipes list) or recipe file. Repeat it to race recipes on the host: the host's "
+             "own recipe first, its default the one to beat")] = ["cpu-tiny"],  # noqa: B006 - typer's list default
     out: Annotated[Path, typer.Option(
         help="Directory for tune.json, tune.md, the plot and b70_tuned.yml; a re-run into it resumes the tune")
     ] = Path("reports/tune"),
@@ -43,29 +45,35 @@ def tune_command(
     """Find the best settings of the recipe's tune space on this host: successive halving under a request budget,
     each candidate served, checked for greedy identity with the target-only baseline and scored by median - 1.4826
     x MAD of its decode rate; the winner is re-measured against the recipe's default. Resumes an interrupted tune.
+    With --recipe repeated, a race: every raced recipe's candidates in one halving on the host recipe's workloads,
+    and the winner's recipe written as the host's.
 
     Exit 0 when a result was written, 1 when no candidate passed greedy correctness, 2 on bad input, 143 when
     stopped by SIGTERM (130 by Ctrl-C): a re-run resumes."""
     from b70ctl.embedded import default_cache_dir, ensure_models
     from b70ctl.recipes import load_recipe
     from b70ctl.tune.render import write_tune_outputs
-    from b70ctl.tune.run import run_tune
+    from b70ctl.tune.run import Entrant, run_race
     from b70ctl.tune.serving import LocalServing
 
     if budget_requests is not None and budget_requests < 1:
         raise BadInput(f"--budget-requests {budget_requests}: give the most requests the tune may measure, above 0")
     if start_timeout is not None and (not math.isfinite(start_timeout) or start_timeout <= 0):
         raise BadInput(f"--start-timeout {start_timeout:g}: give the seconds a server may take to start, above 0")
-    loaded = load_recipe(recipe)
-    if loaded.tune is None:
+    if not recipe:
+        raise BadInput("--recipe: give the recipe to tune, or repeat it to race recipes")
+    raced = [load_recipe(name) for name in recipe]
+    loaded = raced[0]
+    if len(raced) == 1 and loaded.tune is None:
         raise BadInput(f"recipe {loaded.name} has no tune section: nothing may be tuned")
     appliance = _appliance_host(host) if host is not None else None
-    if appliance is None and (loaded.host.accelerator != "cpu" or loaded.tiny is None):
-        raise BadInput(f"recipe {loaded.name} runs on B70 hosts, whose candidates the appliance's unit must serve: "
-                       "tune them with playbooks/tune.yml (b70ctl tune --host)")
-    from b70ctl.tune.run import tune_plan
+    for one in raced:
+        if appliance is None and (one.host.accelerator != "cpu" or one.tiny is None):
+            raise BadInput(f"recipe {one.name} runs on B70 hosts, whose candidates the appliance's unit must serve: "
+                           "tune them with playbooks/tune.yml (b70ctl tune --host)")
+    from b70ctl.tune.run import race_plan
 
-    tune_plan(loaded, None, budget_requests)  # a budget that cannot cover one round is refused before any start
+    race_plan(raced, None, budget_requests)  # a budget that cannot cover one round is refused before any start
     console = Console(stderr=True)
 
     def progress(message: str) -> None:
@@ -83,16 +91,20 @@ def tune_command(
 
                 if start_timeout is not None:
                     appliance = appliance.model_copy(update={"health_timeout_s": start_timeout})
-                with SystemdUnitServing(loaded, appliance, host_shell(appliance), progress=progress) as unit:
-                    report = run_tune(loaded, unit, out, progress=progress, profile=unit.profile,
+                unit = SystemdUnitServing(loaded, appliance, host_shell(appliance), progress=progress)
+                entrants = [Entrant(one, unit.serving_of(one)) for one in raced]  # refused before the host is touched
+                with unit:
+                    report = run_race(entrants, out, progress=progress, profile=unit.profile,
                                       budget_requests=budget_requests)
             else:
                 models = models_dir or default_cache_dir() / "tiny-models"
                 progress(f"tiny models in {models} (generated once)")
-                ensure_models(loaded, models)
-                servers = LocalServing(loaded, models, out / "logs", timeout_s=start_timeout or 900.0,
-                                       progress=progress)
-                report = run_tune(loaded, servers, out, progress=progress, budget_requests=budget_requests)
+                entrants = []
+                for one in raced:
+                    ensure_models(one, models)
+                    entrants.append(Entrant(one, LocalServing(one, models, out / "logs",
+                                                              timeout_s=start_timeout or 900.0, progress=progress)))
+                report = run_race(entrants, out, progress=progress, budget_requests=budget_requests)
     except (KeyboardInterrupt, Terminated) as stop:
         console.print(f"stopped: what was measured is kept in {out / STATE_FILE}; the same command resumes from it",
                       highlight=False, soft_wrap=True)

@@ -19,17 +19,27 @@ TUNE_SCHEMA_VERSION: Final = 1
 
 
 class Candidate(Pinned):
-    """One point of the tune space: the value of every tuned knob (None: the recipe leaves vLLM's default)."""
+    """One point of the tune space: the value of every tuned knob (None: the recipe leaves vLLM's default). In a
+    race, also the recipe it belongs to (None in a one-recipe tune, whose state files predate races)."""
 
     overrides: dict[str, Value]
+    recipe: str | None = None
 
     @property
     def key(self) -> str:
         """Stable across runs: the overrides as sorted JSON (the state file refers to candidates by it)."""
-        return json.dumps(self.overrides, sort_keys=True, separators=(",", ":"))
+        if self.recipe is None:
+            return json.dumps(self.overrides, sort_keys=True, separators=(",", ":"))
+        return json.dumps({"overrides": self.overrides, "recipe": self.recipe}, sort_keys=True,
+                          separators=(",", ":"))
 
     @property
     def label(self) -> str:
+        settings = self.settings_label
+        return settings if self.recipe is None else f"{self.recipe}: {settings}"
+
+    @property
+    def settings_label(self) -> str:
         shown = []
         for name, value in self.overrides.items():
             if not knob_applies(name, self.overrides):
@@ -82,12 +92,18 @@ class Figures(_Model):
 class CandidateResult(_Model):
     key: str
     label: str
+    recipe: str | None = Field(None, description="In a race, the recipe the candidate belongs to")
     overrides: dict[str, Value]
     is_default: bool
     rounds: int = Field(description="Rounds of the halving it was measured in")
     halving: Figures = Field(description="Over all its requests of the halving")
     correctness: str | None = None
     disqualified: str | None = None
+
+    @property
+    def settings_label(self) -> str:
+        """The label without its recipe (a race's candidates are labelled "recipe: settings")."""
+        return self.label.removeprefix(f"{self.recipe}: ") if self.recipe else self.label
 
 
 class Round(_Model):
@@ -106,9 +122,24 @@ class FinalComparison(_Model):
     winner: Figures
 
 
+class PublishedRecord(_Model):
+    """A raced recipe's published decode figure, shown beside the candidates' measured ones."""
+
+    recipe: str
+    claim: str = Field(description="The claim's id in the recipe")
+    description: str
+    tok_s: float
+    source: str
+    url: str | None = None
+
+
 class TuneReport(_Model):
     schema_version: Literal[1] = TUNE_SCHEMA_VERSION
-    recipe: str
+    recipe: str = Field(description="The recipe tuned; in a race, the host's recipe (the first raced), which the "
+                                    "final comparison's default belongs to")
+    race: list[str] = Field(default_factory=list, description="The recipes raced, the host's first; empty: a tune "
+                                                              "of one recipe")
+    published: list[PublishedRecord] = Field(default_factory=list, description="The raced recipes' records")
     vllm_version: str
     profile: str | None = Field(None, description="The host's oneCCL profile the space was taken for")
     knobs: dict[str, list[Value]] = Field(description="Knob -> values tried")
@@ -123,6 +154,8 @@ class TuneReport(_Model):
     final: FinalComparison | None = None
     outcome: Literal["tuned", "default_best", "no_candidate"]
     tuned_overrides: dict[str, Value] = Field(description="What to apply; empty when the default stays")
+    winner_recipe: str | None = Field(None, description="In a race, the recipe to serve: the winner's, or the "
+                                                        "host's when its default stays")
     summary: str
 
 

@@ -12,7 +12,7 @@ from b70ctl.escaping import markdown_code
 from b70ctl.escaping import markdown_text as text
 from b70ctl.files import write_text_atomically
 from b70ctl.svg import PT_PER_INCH, Axes, Canvas, LegendEntry, data_limits, legend_width, nice_ticks
-from b70ctl.tune.model import SHORT_NAMES, CandidateResult, Figures, TuneReport, knob_applies
+from b70ctl.tune.model import SHORT_NAMES, CandidateResult, Figures, PublishedRecord, TuneReport, knob_applies
 
 CANDIDATE_COLOR = "#1f77b4"
 DEFAULT_COLOR = "#d62728"
@@ -33,8 +33,13 @@ def _figures_row(name: str, figures: Figures | None) -> str:
 
 def tune_markdown(report: TuneReport) -> str:
     labels = {c.key: c.label for c in report.candidates}
-    lines = [f"# Tune of {text(report.recipe)} (vLLM {text(report.vllm_version)})", "",
-             f"**{text(report.summary)}.**", ""]
+    if report.race:
+        lines = [f"# Race of {text(', '.join(report.race))} on the host of {text(report.recipe)}", "",
+                 f"**{text(report.summary)}.**", "",
+                 f"Recipe to serve (b70_tuned.yml sets b70_recipe): {markdown_code(report.winner_recipe or '')}", ""]
+    else:
+        lines = [f"# Tune of {text(report.recipe)} (vLLM {text(report.vllm_version)})", "",
+                 f"**{text(report.summary)}.**", ""]
     if report.outcome == "tuned":
         lines += ["Overrides to apply (b70_tuned.yml): "
                   + ", ".join(markdown_code(f"{name}={value}") for name, value in report.tuned_overrides.items()), ""]
@@ -62,12 +67,38 @@ def tune_markdown(report: TuneReport) -> str:
                      f"| {_tok(candidate.halving.median_tok_s)} | {_tok(candidate.halving.mad_tok_s)} "
                      f"| {candidate.halving.n} | {text(candidate.correctness or '-')} "
                      f"| {text('disqualified: ' + candidate.disqualified) if candidate.disqualified else ''} |")
+    if report.race:
+        lines += race_table(report)
     lines += ["", "## Rounds", "", "| round | requests per workload | measured | kept |", "|---|---|---|---|"]
     for tune_round in report.rounds:
         lines.append(f"| {tune_round.index} | {tune_round.requests_per_workload} | {len(tune_round.measured)} "
                      f"| {text('; '.join(labels[key] for key in tune_round.kept))} |")
     lines += ["", f"![score against each knob]({PLOT_FILE})", ""]
     return "\n".join(lines)
+
+
+def race_table(report: TuneReport) -> list[str]:
+    """Each raced recipe's best measured candidate beside the records published for it (tok/s, with where). The
+    measured rate is this host's; a published figure is another machine's on its own prompts, so they sit side by
+    side and nothing is divided."""
+    lines = ["", "## Each recipe: measured here, and published", "",
+             "| recipe | best candidate here | score | median | published | source |", "|---|---|---|---|---|---|"]
+    for name in report.race:
+        own = [c for c in report.candidates if c.recipe == name]
+        scored = [c for c in own if c.disqualified is None and c.halving.score_tok_s is not None]
+        best = max(scored, key=lambda c: c.halving.score_tok_s or 0.0) if scored else None
+        records: list[PublishedRecord | None] = [r for r in report.published if r.recipe == name] or [None]
+        for index, record in enumerate(records):
+            measured = (f"| {text(best.settings_label)} | {_tok(best.halving.score_tok_s)} "
+                        f"| {_tok(best.halving.median_tok_s)} |" if best is not None else
+                        f"| {text('out: ' + own[0].disqualified) if own and own[0].disqualified else '-'} | - | - |")
+            published = ("- | - |" if record is None else
+                         f"{record.tok_s:.1f} ({text(record.description)}) | "
+                         + (f"[{text(record.source)}]({record.url})" if record.url else text(record.source)) + " |")
+            lines.append(f"| {text(name) if index == 0 else ''} "
+                         + (measured if index == 0 else "| | | |") + f" {published}")
+    lines += ["", "The roofline is not in a race's report: verify's report on the winner has it."]
+    return lines
 
 
 def scores_svg(report: TuneReport) -> str | None:
@@ -137,8 +168,12 @@ def tuned_yaml(report: TuneReport) -> str:
     """host_vars/<host>/b70_tuned.yml: the overrides (empty when the recipe's default stays), with the score,
     the budget and the date, as roles/vllm_serve's vllm_serve_tuned (model.TunedSettings), which it applies."""
     final = report.final
-    document = {"vllm_serve_tuned": {
-        "recipe": report.recipe,
+    document: dict[str, object] = {}
+    if report.race:
+        # The race's winner becomes the host's recipe: host_vars beside the inventory override the inventory's own.
+        document["b70_recipe"] = report.winner_recipe
+    document["vllm_serve_tuned"] = {
+        "recipe": report.winner_recipe or report.recipe,
         "outcome": report.outcome,
         "overrides": dict(report.tuned_overrides),
         "profile": report.profile,
@@ -151,8 +186,9 @@ def tuned_yaml(report: TuneReport) -> str:
         "budget_requests": report.budget_requests,
         "spent_requests": report.spent_requests,
         "date": report.finished_at.date().isoformat(),
-    }}
-    header = (f"# Written by `b70ctl tune --recipe {report.recipe}`: {report.summary}.\n"
+    }
+    raced = " ".join(f"--recipe {name}" for name in report.race or [report.recipe])
+    header = (f"# Written by `b70ctl tune {raced}`: {report.summary}.\n"
               "# Scores: median - 1.4826 x MAD of the per-request decode rate (tok/s) over the workload mix.\n")
     return header + yaml.safe_dump(document, sort_keys=False)
 

@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from b70ctl.checks.client import EndpointError, VllmClient
+from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
 from b70ctl.checks.correctness import Reference, load_reference, record_reference, run_correctness
 from b70ctl.checks.throughput import run_throughput
 from b70ctl.errors import BadInput
-from b70ctl.recipes.model import Recipe
+from b70ctl.recipes.model import Recipe, TuneSpace
 from b70ctl.report.model import CorrectnessResult
 from b70ctl.tune.model import (
     Candidate,
     CandidateResult,
     FinalComparison,
     Measurement,
+    PublishedRecord,
     Round,
     TuneReport,
     Value,
@@ -131,27 +134,51 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=]+", "-", text).strip("-") or "default"
 
 
-class CandidateMeasurer:
-    """Serves a candidate, checks greedy correctness the first time it is served, and measures the workload mix
-    with verify's throughput check."""
+@dataclass(frozen=True)
+class Entrant:
+    """A recipe in the tune, and who serves it. A one-recipe tune has one; a race (`tune --recipe A --recipe B`)
+    one per recipe, the host's own first."""
 
-    def __init__(self, recipe: Recipe, servers: CandidateServers, reference: Reference, out_dir: Path,
+    recipe: Recipe
+    servers: CandidateServers
+
+
+def same_baseline(one: Recipe, other: Recipe) -> bool:
+    """Whether two recipes' target-only baselines answer the same greedy questions with the same weights: same
+    target, image, vLLM line, dtype, context and correctness set (speculation, which the baseline does not run,
+    may differ). Such recipes share one recorded reference instead of starting the baseline again."""
+    return (one.target == other.target and one.image == other.image and one.vllm_version == other.vllm_version
+            and one.serve.dtype == other.serve.dtype and one.serve.max_model_len == other.serve.max_model_len
+            and one.serve.baseline_tensor_parallel_size == other.serve.baseline_tensor_parallel_size
+            and one.correctness == other.correctness)
+
+
+class CandidateMeasurer:
+    """Serves a candidate, checks greedy correctness the first time it is served, and measures the race's
+    workload mix (the host recipe's endpoint workloads, the same for every candidate) with verify's throughput
+    check."""
+
+    def __init__(self, entrants: list[Entrant], references: dict[str, Reference], out_dir: Path,
                  progress: Progress):
-        self.recipe, self.servers, self.reference = recipe, servers, reference
-        self.out_dir, self.progress = out_dir, progress
-        self.required = required_identical_fraction(recipe)
+        self.entrants = {entrant.recipe.name: entrant for entrant in entrants}
+        self.host = entrants[0].recipe
+        self.references, self.out_dir, self.progress = references, out_dir, progress
         self.checked: set[str] = set()
+
+    def entrant(self, candidate: Candidate) -> Entrant:
+        return self.entrants[candidate.recipe or self.host.name]
 
     def __call__(self, candidate: Candidate, stage: str, requests_per_workload: int) -> Measurement:
         raw_dir = self.out_dir / "raw" / stage / slug(candidate.label)
-        tuned = self.recipe.with_overrides(candidate.overrides)
+        entrant = self.entrant(candidate)
+        tuned = entrant.recipe.with_overrides(candidate.overrides)
         self.progress(f"{stage}: {candidate.label}: serving")
         correctness = None
         try:
-            with self.servers.candidate(candidate) as endpoint, VllmClient(endpoint) as client:
+            with entrant.servers.candidate(candidate) as endpoint, VllmClient(endpoint) as client:
                 if candidate.key not in self.checked:
-                    result = run_correctness(client, tuned, self.reference, raw_dir)
-                    correctness, reason = correctness_verdict(result, self.required)
+                    result = run_correctness(client, tuned, self.references[entrant.recipe.name], raw_dir)
+                    correctness, reason = correctness_verdict(result, required_identical_fraction(entrant.recipe))
                     if reason is not None:
                         self.progress(f"{stage}: {candidate.label}: disqualified: {reason}")
                         return Measurement(candidate=candidate.key, stage=stage, correctness=correctness,
@@ -159,7 +186,8 @@ class CandidateMeasurer:
                     self.checked.add(candidate.key)
                 self.progress(f"{stage}: {candidate.label}: {correctness or 'correctness checked earlier'}; "
                               f"measuring {requests_per_workload} request(s) per workload")
-                throughput = run_throughput(client, round_recipe(tuned, requests_per_workload), raw_dir,
+                measured_recipe = round_recipe(with_workloads_of(tuned, self.host), requests_per_workload)
+                throughput = run_throughput(client, measured_recipe, raw_dir,
                                             progress=lambda message: self.progress(f"{stage}: {candidate.label}: "
                                                                                    f"{message}"))
         except CandidateFailed as not_started:
@@ -182,48 +210,153 @@ class CandidateMeasurer:
             mean_acceptance_length=acceptance, measured_at=datetime.now(UTC))
 
 
+def with_workloads_of(recipe: Recipe, host: Recipe) -> Recipe:
+    """The recipe measured on the host recipe's workloads: in a race every candidate runs the same requests."""
+    if recipe.name == host.name:
+        return recipe
+    return recipe.model_copy(update={"workloads": host.workloads})
+
+
+def reference_file(entrant: Recipe, racing: bool) -> str:
+    return f"reference-{slug(entrant.name)}.json" if racing else REFERENCE_FILE
+
+
+def references_for(entrants: list[Entrant], out_dir: Path, progress: Progress) -> dict[str, Reference]:
+    """Each recipe's target-only greedy outputs, recorded once per tune (a resumed tune reuses the files); in a
+    race, recipes whose baselines are the same server (same_baseline) share one recording. Each baseline stops
+    before anything else starts, so no candidate is measured beside another server."""
+    racing = len(entrants) > 1
+    references: dict[str, Reference] = {}
+    recorded: list[tuple[Recipe, Reference]] = []
+    for entrant in entrants:
+        recipe = entrant.recipe
+        shared = next((reference for other, reference in recorded if same_baseline(other, recipe)), None)
+        if shared is not None:
+            references[recipe.name] = shared.model_copy(update={"recipe": recipe.name})
+            references[recipe.name]._source = shared._source
+            continue
+        path = out_dir / reference_file(recipe, racing)
+        if path.exists():
+            reference = load_reference(path, recipe)
+        else:
+            progress("recording the target-only baseline's greedy outputs"
+                     + (f" for {recipe.name}" if racing else ""))
+            with entrant.servers.baseline() as endpoint, VllmClient(endpoint) as client:
+                reference = record_reference(client, recipe, path)
+        references[recipe.name] = reference
+        recorded.append((recipe, reference))
+    return references
+
+
 def reference_for(recipe: Recipe, servers: CandidateServers, out_dir: Path, progress: Progress) -> Reference:
-    """The target-only baseline's greedy outputs, recorded once per tune (a resumed tune reuses them): the
-    baseline then stops, so no candidate is measured while it shares the machine with another server."""
-    path = out_dir / REFERENCE_FILE
-    if path.exists():
-        return load_reference(path, recipe)
-    progress("recording the target-only baseline's greedy outputs")
-    with servers.baseline() as endpoint, VllmClient(endpoint) as client:
-        return record_reference(client, recipe, path)
+    """The target-only baseline's greedy outputs of a one-recipe tune (reference.json)."""
+    return references_for([Entrant(recipe, servers)], out_dir, progress)[recipe.name]
+
+
+def race_candidates(entrants: list[Entrant], profile: str | None) -> tuple[list[Candidate], Candidate]:
+    """Every entrant's candidates (a recipe without a tune section is one candidate: itself), and the host
+    recipe's default, against which the winner is measured back to back. In a race each names its recipe."""
+    racing = len(entrants) > 1
+    everyone: list[Candidate] = []
+    host_default: Candidate | None = None
+    for entrant in entrants:
+        if entrant.recipe.tune is not None:
+            grid, default = candidates_of(entrant.recipe, profile)
+        else:
+            grid = [default := Candidate(overrides={})]
+        if racing:
+            grid = [candidate.model_copy(update={"recipe": entrant.recipe.name}) for candidate in grid]
+            default = default.model_copy(update={"recipe": entrant.recipe.name})
+        everyone += grid
+        host_default = host_default or default
+    assert host_default is not None
+    return everyone, host_default
+
+
+def race_settings(entrants: list[Entrant]) -> TuneSpace:
+    """The halving's settings: the host recipe's tune section, else the first raced recipe that has one."""
+    settings = next((entrant.recipe.tune for entrant in entrants if entrant.recipe.tune is not None), None)
+    if settings is None:
+        names = ", ".join(entrant.recipe.name for entrant in entrants)
+        raise BadInput(f"recipe {names} has no tune section: nothing may be tuned" if len(entrants) == 1 else
+                       f"none of the raced recipes ({names}) has a tune section, which sets the race's budget: "
+                       "race at least one recipe that has one")
+    return settings
+
+
+def check_entrants(entrants: list[Entrant]) -> None:
+    names = [entrant.recipe.name for entrant in entrants]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise BadInput(f"--recipe {repeated[0]} is given twice: race each recipe once")
+    host = entrants[0].recipe
+    for entrant in entrants[1:]:
+        if entrant.recipe.host.accelerator != host.host.accelerator:
+            raise BadInput(f"--recipe {entrant.recipe.name} runs on {entrant.recipe.host.accelerator} hosts, "
+                           f"{host.name} on {host.host.accelerator}: race recipes for the same hardware")
 
 
 def tune_plan(recipe: Recipe, profile: str | None = None, budget_requests: int | None = None
               ) -> tuple[list[Candidate], Candidate, list[PlannedRound], int]:
     """The candidates, the recipe's default, the halving's rounds and the budget: refused (BadInput) before
     anything is served when the budget cannot cover one round and the final."""
-    candidates, default = candidates_of(recipe, profile)
-    assert recipe.tune is not None
-    budget = budget_requests or recipe.tune.budget_requests
-    plan = plan_rounds(len(candidates), len(measured_workloads(recipe)), recipe.tune.first_rung_requests,
-                       recipe.tune.final_requests, budget)
+    return race_plan([recipe], profile, budget_requests)
+
+
+def race_plan(recipes: list[Recipe], profile: str | None = None, budget_requests: int | None = None
+              ) -> tuple[list[Candidate], Candidate, list[PlannedRound], int]:
+    """tune_plan for one recipe or a race of several (the host's first)."""
+    entrants = [Entrant(recipe, _NoServers()) for recipe in recipes]
+    check_entrants(entrants)
+    tune = race_settings(entrants)
+    candidates, default = race_candidates(entrants, profile)
+    budget = budget_requests or tune.budget_requests
+    plan = plan_rounds(len(candidates), len(measured_workloads(recipes[0])), tune.first_rung_requests,
+                       tune.final_requests, budget)
     return candidates, default, plan, budget
+
+
+class _NoServers:
+    """Planning serves nothing."""
+
+    def baseline(self) -> AbstractContextManager[Endpoint]:
+        raise AssertionError("planning serves nothing")
+
+    def candidate(self, candidate: Candidate) -> AbstractContextManager[Endpoint]:
+        raise AssertionError("planning serves nothing")
 
 
 def run_tune(recipe: Recipe, servers: CandidateServers, out_dir: Path, progress: Progress | None = None,
              profile: str | None = None, budget_requests: int | None = None) -> TuneReport:
+    return run_race([Entrant(recipe, servers)], out_dir, progress, profile, budget_requests)
+
+
+def run_race(entrants: list[Entrant], out_dir: Path, progress: Progress | None = None,
+             profile: str | None = None, budget_requests: int | None = None) -> TuneReport:
+    """A tune of one recipe, or a race of several on the same host: every candidate of every recipe in one
+    successive halving on the same workloads and budget, the winner then measured back to back against the host
+    recipe's default."""
     report = progress or (lambda _message: None)
     out_dir = Path(out_dir)
     started_at = datetime.now(UTC)
-    candidates, default, plan, budget = tune_plan(recipe, profile, budget_requests)
-    assert recipe.tune is not None
-    tune = recipe.tune
-    workloads = measured_workloads(recipe)
-    space = {"recipe": recipe.name, "vllm_version": recipe.vllm_version, "profile": profile,
+    recipes = [entrant.recipe for entrant in entrants]
+    candidates, default, plan, budget = race_plan(recipes, profile, budget_requests)
+    tune = race_settings(entrants)
+    host = recipes[0]
+    workloads = measured_workloads(host)
+    space = {"recipe": host.name, "vllm_version": host.vllm_version, "profile": profile,
              "candidates": [c.key for c in candidates], "workloads": [w.model_dump(mode="json")
-                                                                     for w in recipe.workloads if w.name in workloads],
-             "correctness": recipe.correctness.model_dump(mode="json"), "budget_requests": budget,
+                                                                     for w in host.workloads if w.name in workloads],
+             "correctness": host.correctness.model_dump(mode="json"), "budget_requests": budget,
              "first_rung_requests": tune.first_rung_requests, "final_requests": tune.final_requests}
+    if len(entrants) > 1:  # a one-recipe tune's space is what it was before races, so its state files resume
+        space["race"] = [{"recipe": r.name, "vllm_version": r.vllm_version,
+                          "correctness": r.correctness.model_dump(mode="json")} for r in recipes]
     state = TuneState(out_dir / STATE_FILE, space)
     if state.resumed:
         report(f"resuming: {state.resumed} measurement(s) already in {state.path}")
-    reference = reference_for(recipe, servers, out_dir, report)
-    measure = CandidateMeasurer(recipe, servers, reference, out_dir, report)
+    references = references_for(entrants, out_dir, report)
+    measure = CandidateMeasurer(entrants, references, out_dir, report)
     measure.checked.update(key for (key, _), m in state.measurements.items()
                            if m.correctness is not None and m.disqualified is None)
     halving = successive_halving(candidates, plan, measure, state)
@@ -233,19 +366,29 @@ def run_tune(recipe: Recipe, servers: CandidateServers, out_dir: Path, progress:
         final = FinalComparison(default_key=default.key, winner_key=halving.winner.key,
                                 default=figures(default_final.decode_tok_s) if default_final else None,
                                 winner=figures(winner_final.decode_tok_s))
-    return build_report(recipe, profile, candidates, default, plan, halving.rounds, final, state, budget,
+    return build_report(recipes, profile, candidates, default, plan, halving.rounds, final, state, budget,
                         started_at)
 
 
-def build_report(recipe: Recipe, profile: str | None, candidates: list[Candidate], default: Candidate,
+def published_records(recipes: list[Recipe]) -> list[PublishedRecord]:
+    """Each raced recipe's published decode rates (claims in tok/s, not ratios), with where they were published."""
+    return [PublishedRecord(recipe=recipe.name, claim=claim.id, description=claim.description,
+                            tok_s=claim.value, source=claim.source, url=claim.url)
+            for recipe in recipes for claim in recipe.claims
+            if claim.metric.endswith("decode_tok_s.median") and claim.divided_by is None and claim.op == ">="
+            and claim.value is not None]
+
+
+def build_report(recipes: list[Recipe], profile: str | None, candidates: list[Candidate], default: Candidate,
                  plan: list[PlannedRound], rounds: list[Round], final: FinalComparison | None, state: TuneState,
                  budget: int, started_at: datetime) -> TuneReport:
-    assert recipe.tune is not None
+    recipe = recipes[0]
+    racing = len(recipes) > 1
     results = []
     for candidate in candidates:
         measurements = [m for m in state.of(candidate.key) if m.stage.startswith("round-")]
         results.append(CandidateResult(
-            key=candidate.key, label=candidate.label, overrides=candidate.overrides,
+            key=candidate.key, label=candidate.label, recipe=candidate.recipe, overrides=candidate.overrides,
             is_default=candidate.key == default.key, rounds=len(measurements),
             halving=figures(halving_rates(state, candidate)),
             correctness=next((m.correctness for m in state.of(candidate.key) if m.correctness), None),
@@ -276,8 +419,14 @@ def build_report(recipe: Recipe, profile: str | None, candidates: list[Candidate
             summary = (f"the recipe's default was already best: the halving's winner ({winner.label}) scored "
                        f"{_tok(winner_score)} against the default's {_tok(default_score)} measured back to back")
     knobs = knobs_tried(candidates)
+    winner_recipe = None
+    if racing:
+        winner_recipe = (by_key[final.winner_key].recipe if final is not None and outcome == "tuned"
+                         else recipe.name)
     return TuneReport(
-        recipe=recipe.name, vllm_version=recipe.vllm_version, profile=profile, knobs=knobs,
+        recipe=recipe.name, race=[r.name for r in recipes] if racing else [],
+        published=published_records(recipes) if racing else [], winner_recipe=winner_recipe,
+        vllm_version=recipe.vllm_version, profile=profile, knobs=knobs,
         default_overrides=default.overrides, workloads=measured_workloads(recipe), budget_requests=budget,
         spent_requests=state.spent_requests, started_at=started_at, finished_at=datetime.now(UTC), rounds=rounds,
         candidates=results, final=final, outcome=outcome, tuned_overrides=tuned, summary=summary)

@@ -40,7 +40,7 @@ from b70ctl.recipes.model import Recipe
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container
 from b70ctl.serve.unit import ServingContainer, env_file_text, exec_start_line
 from b70ctl.tune.model import Candidate
-from b70ctl.tune.serving import CandidateFailed, candidate_command, server_name
+from b70ctl.tune.serving import CandidateFailed, CandidateServers, candidate_command, server_name
 
 DROP_IN_NAME = "b70-tune.conf"
 CONTAINER_DOCUMENT_SUFFIX = ".container.json"
@@ -343,8 +343,9 @@ class SystemdUnitServing:
         assert self.container is not None, "use SystemdUnitServing as a context manager"
         return self.container.context(speculative)
 
-    def _serve(self, label: str, command: ServeCommand) -> Iterator[Endpoint]:
+    def _serve(self, label: str, command: ServeCommand, recipe: Recipe | None = None) -> Iterator[Endpoint]:
         assert self.container is not None
+        served_name = (recipe or self.recipe).serve.served_model_name
         exec_argv = self.container.exec_start(command, env_file=self.env_file)
         # 0644 like the role's: the docker CLI reads it as the unit's User= (the API key has a file of its own).
         self._write(self.env_file, env_file_text(command.env, "b70ctl tune: the candidate's environment"), "0644")
@@ -358,12 +359,10 @@ class SystemdUnitServing:
         except HostCommandFailed as failed:
             raise CandidateFailed(f"systemctl restart failed: {failed.detail}; {self._last_log_line()}") from None
         try:
-            health_gate(self.base_url, self.recipe.serve.served_model_name, self.host.api_key,
-                        self.host.health_timeout_s, self.poll_s)
+            health_gate(self.base_url, served_name, self.host.api_key, self.host.health_timeout_s, self.poll_s)
         except CandidateFailed as failed:
             raise CandidateFailed(f"{failed.reason}; {self._last_log_line()}") from None
-        yield Endpoint(self.base_url, model=self.recipe.serve.served_model_name, api_key=self.host.api_key,
-                       timeout_s=self.request_timeout_s)
+        yield Endpoint(self.base_url, model=served_name, api_key=self.host.api_key, timeout_s=self.request_timeout_s)
 
     def _last_log_line(self) -> str:
         try:
@@ -376,19 +375,62 @@ class SystemdUnitServing:
 
     @contextmanager
     def baseline(self) -> Iterator[Endpoint]:
-        command = render_container(self.recipe, self._context(speculative=False), self.topology)
-        try:
-            yield from self._serve("the target-only baseline", command)
-        except CandidateFailed as failed:
-            raise BadInput(f"{self.host.name}: the target-only baseline did not start: {failed.reason}") from None
+        yield from self._baseline(self.recipe)
 
     @contextmanager
     def candidate(self, candidate: Candidate) -> Iterator[Endpoint]:
+        yield from self._candidate(self.recipe, candidate)
+
+    def _baseline(self, recipe: Recipe) -> Iterator[Endpoint]:
+        command = render_container(recipe, self._context(speculative=False), self.topology)
         try:
-            command = candidate_command(self.recipe, candidate, self._context(speculative=True), self.topology)
+            yield from self._serve("the target-only baseline" + ("" if recipe is self.recipe else
+                                                                 f" of {recipe.name}"), command, recipe)
+        except CandidateFailed as failed:
+            raise BadInput(f"{self.host.name}: the target-only baseline did not start: {failed.reason}") from None
+
+    def _candidate(self, recipe: Recipe, candidate: Candidate) -> Iterator[Endpoint]:
+        try:
+            command = candidate_command(recipe, candidate, self._context(speculative=True), self.topology)
         except ValueError as error:
             raise CandidateFailed(f"not renderable: {error}") from error
-        yield from self._serve(server_name(candidate), command)
+        yield from self._serve(server_name(candidate), command, recipe)
+
+    def serving_of(self, recipe: Recipe) -> CandidateServers:
+        """Another raced recipe served through the same unit, container and model store. The serving stage
+        installed the host recipe's image and models only, so a recipe needing another image or other weights is
+        refused here, before anything is stopped or started."""
+        if recipe.name == self.recipe.name:
+            return self
+        problems = []
+        if recipe.image != self.recipe.image:
+            problems.append(f"image {recipe.image.reference}:{recipe.image.tag} (the unit serves "
+                            f"{self.recipe.image.reference}:{self.recipe.image.tag})")
+        if recipe.target != self.recipe.target:
+            problems.append("another target model")
+        if recipe.drafter is not None and recipe.drafter != self.recipe.drafter:
+            problems.append("another drafter")
+        if problems:
+            raise BadInput(f"--recipe {recipe.name} needs {' and '.join(problems)}, which the serving stage did not "
+                           f"install on {self.host.name}: race recipes that share the host recipe "
+                           f"({self.recipe.name})'s image and model store, or serve {recipe.name} with site.yml "
+                           "and race from it")
+        return _OtherRecipe(self, recipe)
+
+
+class _OtherRecipe:
+    """CandidateServers for a raced recipe over the host recipe's SystemdUnitServing (see serving_of)."""
+
+    def __init__(self, unit: SystemdUnitServing, recipe: Recipe):
+        self.unit, self.recipe = unit, recipe
+
+    @contextmanager
+    def baseline(self) -> Iterator[Endpoint]:
+        yield from self.unit._baseline(self.recipe)
+
+    @contextmanager
+    def candidate(self, candidate: Candidate) -> Iterator[Endpoint]:
+        yield from self.unit._candidate(self.recipe, candidate)
 
 
 class _DeferredSigterm:
