@@ -1,4 +1,5 @@
-"""`b70ctl verify`: smoke, greedy correctness and throughput against one endpoint, judged against the recipe.
+"""`b70ctl verify`: smoke, greedy correctness (with the gate against silent garbage) and throughput against one
+endpoint, judged against the recipe.
 
 The report is rewritten after every check, marked partial until the last one finished, so an interrupted or
 failing run still leaves what it measured (report.json, report.md, report.html, raw/) and says where it stopped.
@@ -33,6 +34,7 @@ from b70ctl.checks.correctness import (
     run_correctness,
     server_vllm_version,
 )
+from b70ctl.checks.gate import cite_correctness, gate_measurements, run_gate
 from b70ctl.checks.metrics import NUM_DRAFTS, CountersUnusable, MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import reject_impossible_engine_figures, run_throughput, throughput_measurements
@@ -407,10 +409,15 @@ def _run_checks(request: VerifyRequest, report: Report, writer: ReportWriter, cl
                     environment.served_speculative_positions = speculation.detail["speculative_positions"]
                 writer.save()
             if "correctness" in request.checks:
-                say(f"correctness: {len(recipe.correctness.prompts)} greedy prompts against "
-                    f"{report.baseline}")
                 baseline = reference if reference is not None else baseline_client
                 assert baseline is not None
+                # Before the correctness prompts: the gate's first answers to them are then cold on a fresh server.
+                say("gate: repeated prompts, a long prompt from the prefix cache, a code canary")
+                report.gate = run_gate(client, recipe, raw_dir,
+                                       baseline=baseline if baseline_unchecked is None else None)
+                writer.save()
+                say(f"correctness: {len(recipe.correctness.prompts)} greedy prompts against "
+                    f"{report.baseline}")
                 if baseline_unchecked is not None:
                     report.correctness = CorrectnessResult(
                         passed=False, baseline=str(report.baseline), identical=0, total=0, identical_fraction=0.0,
@@ -418,6 +425,7 @@ def _run_checks(request: VerifyRequest, report: Report, writer: ReportWriter, cl
                                                "to be a separate target-only server")
                 else:
                     report.correctness = run_correctness(client, recipe, baseline, raw_dir)
+                report.gate = cite_correctness(report.gate, report.correctness, recipe)
                 writer.save()
             if "throughput" in request.checks:
                 report.throughput = run_throughput(client, recipe, raw_dir, progress=say, baseline=baseline_client)
@@ -554,6 +562,8 @@ def _finish(report: Report, recipe: Recipe, complete: bool) -> None:
         measurements["smoke.passed"] = 1.0 if report.smoke.passed else 0.0
     if report.correctness is not None:
         measurements.update(correctness_measurements(report.correctness))
+    if report.gate is not None:
+        measurements.update(gate_measurements(report.gate))
     if report.throughput is not None:
         reject_impossible_engine_figures(report, recipe)
         measurements.update(throughput_measurements(report.throughput))
@@ -566,7 +576,7 @@ def _finish(report: Report, recipe: Recipe, complete: bool) -> None:
     if complete:
         report.partial, report.partial_reason = False, None
     checks_passed = all(check is None or check.passed
-                        for check in (report.smoke, report.correctness, report.throughput))
+                        for check in (report.smoke, report.correctness, report.gate, report.throughput))
     # A claim left unjudged is not a pass: "all checks passed" means every claim was measured and met.
     report.passed = (complete and checks_passed
                      and all(verdict.verdict == "met" for verdict in report.verdicts))

@@ -250,6 +250,33 @@ class Probe(Strict):
     max_tokens: int = Field(32, ge=1)
 
 
+# A Python REPL line a working model continues with its value: the code canary of the gate against silent garbage.
+CODE_CANARY_PROMPT = ">>> sum(i*i for i in range(4))\n"
+
+
+def _code_canary() -> Probe:
+    return Probe(prompt=CODE_CANARY_PROMPT, expect_any=["14"], max_tokens=8)
+
+
+class GateSettings(Strict):
+    """The gate against silent garbage (checks/gate.py): greedy answers that must not change when the same prompt is
+    asked again (a prefix-cache hit), after a long cached prefix, or after a restart, and a code canary. Every field
+    has a default: a recipe needs no gate section."""
+
+    repetition_prompts: int = Field(2, ge=1, description="How many of correctness.prompts are asked repeatedly")
+    repetitions: int = Field(3, ge=2, description="Requests per prompt: the first cold, the later ones from the cache")
+    cache_probe_tokens: int = Field(
+        2304, ge=16, description="Prompt tokens of the prefix-cache probe: past one KV block and past 2048 tokens "
+                                 "(the field's MTP + prefix caching corruption starts past a 2048-token block); "
+                                 "capped at serve.max_model_len minus max_tokens, and the result says so")
+    cache_probe_requests: int = Field(3, ge=2, description="Requests of the long prompt: one cold, the rest cached")
+    max_tokens: int | None = Field(None, ge=1, description="Tokens per answer; None: correctness.max_tokens")
+    canary: Probe = Field(default_factory=_code_canary, description="A question with a known answer")
+    assert_canary: bool | None = Field(
+        None, description="Whether the canary's answer is judged; None: for a real checkpoint, not for a generated "
+                          "tiny target (its text is nonsense)")
+
+
 class CorrectnessSettings(Strict):
     prompts: list[str] = Field(min_length=1)
     max_tokens: int = Field(64, ge=1)
@@ -257,6 +284,7 @@ class CorrectnessSettings(Strict):
     # Degenerate repetition: the output's tail is one short n-gram over and over.
     degenerate_max_period: int = Field(4, ge=1)
     degenerate_min_fraction: float = Field(0.6, gt=0, le=1)
+    gate: GateSettings = Field(default_factory=GateSettings)
 
 
 class Tolerance(Strict):
@@ -529,6 +557,9 @@ class Recipe(Strict):
         requests.append(("correctness", 1, self.correctness.max_tokens))
         requests += [(f"correctness.probes.{index}", 1, probe.max_tokens)
                      for index, probe in enumerate(self.correctness.probes)]
+        gate = self.correctness.gate
+        requests += [("correctness.gate", 1, gate.max_tokens or self.correctness.max_tokens),
+                     ("correctness.gate.canary", 1, gate.canary.max_tokens)]
         for where, prompt_tokens, max_tokens in requests:
             if prompt_tokens + max_tokens > context:
                 asked = (f"prompt_tokens {prompt_tokens} + max_tokens {max_tokens}" if prompt_tokens > 1

@@ -11,12 +11,16 @@ from b70ctl.escaping import html_text as escape
 
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.markdown import (
+    GATE_EXPLAINED,
+    GATE_TITLE,
     ROOFLINE_EXPLAINED,
     ROOFLINE_HEADER,
     ROOFLINE_TITLE,
     VERDICT_MARK,
     emulated_hardware_line,
     firmware_line,
+    gate_difference_text,
+    gate_result_text,
     roofline_headline,
     roofline_input_rows,
     roofline_workload_rows,
@@ -119,6 +123,26 @@ def _roofline_section(report: Report) -> list[str]:
     return lines
 
 
+def _code(value: str) -> str:
+    return f"<code>{escape(value)}</code>" if value else "–"
+
+
+def _gate_section(report: Report) -> list[str]:
+    """Each check of the gate against silent garbage, and where a failing one found two answers parting."""
+    lines = [f"<h2>{escape(GATE_TITLE)}</h2>"]
+    gate = report.gate
+    if gate is None:
+        return lines + ["<p>Not run.</p>"]
+    lines += [f"<p>{escape(GATE_EXPLAINED)}</p>",
+              f"<div class=\"verdict {'ok' if gate.passed else 'bad'}\">{'passed' if gate.passed else 'FAILED'}</div>",
+              "<table>", "<tr><th>check</th><th>result</th><th>detail</th><th>first difference</th></tr>"]
+    for check in gate.checks:
+        kind = "" if check.passed is not False else ' class="not_met"'
+        lines.append(f"<tr{kind}><td>{_text(check.name)}</td><td>{escape(gate_result_text(check.passed))}</td>"
+                     f"<td>{_text(check.detail)}</td><td>{_code(gate_difference_text(check))}</td></tr>")
+    return lines + ["</table>"]
+
+
 def render_html(report: Report, recipe: Recipe) -> str:
     """report.html of a report: what report.md says in tables, drawn."""
     environment = report.environment
@@ -159,6 +183,7 @@ def render_html(report: Report, recipe: Recipe) -> str:
         acceptance = acceptance_per_position_svg(report, recipe)
         if acceptance:
             lines += ["<h2>Per-position acceptance</h2>", f'<div class="plot">{acceptance}</div>']
+    lines += _gate_section(report)
     lines += _roofline_section(report)
     lines += ["<p class=\"meta\">The figures behind every verdict are in report.json, each request's raw data in "
               "raw/; report.md says the same in text.</p>", "</body>", "</html>", ""]

@@ -10,7 +10,7 @@ import re
 from b70ctl.escaping import markdown_code, markdown_code_block
 from b70ctl.escaping import markdown_text as text
 from b70ctl.recipes.model import Recipe
-from b70ctl.report.model import PEAK_LABEL, Environment, Report, Roofline, Summary, WorkloadResult
+from b70ctl.report.model import PEAK_LABEL, Environment, GateCheck, Report, Roofline, Summary, WorkloadResult
 
 VERDICT_MARK = {"met": "✅ met", "not_met": "❌ not met", "not_measured": "➖ not measured"}
 WORKLOAD_TITLES = {
@@ -73,6 +73,8 @@ def failed_items(report: Report) -> list[str]:
         items.append("smoke (" + ", ".join(c.name for c in report.smoke.checks if not c.passed) + ")")
     if report.correctness is not None and not report.correctness.passed:
         items.append(f"correctness ({report.correctness.identical}/{report.correctness.total} identical)")
+    if report.gate is not None and not report.gate.passed:
+        items.append("gate (" + ", ".join(c.name for c in report.gate.checks if c.passed is False) + ")")
     if report.throughput is not None and not report.throughput.passed:
         failed = [w.name for w in report.throughput.workloads if w.error or not w.requests
                   or w.token_count_mismatches]
@@ -230,6 +232,54 @@ def _roofline(report: Report) -> list[str]:
     return lines
 
 
+GATE_TITLE = "Gate against silent garbage"
+GATE_EXPLAINED = (
+    "At temperature 0 the same prompt must give the same token ids: asked again (from the prefix cache), as a long "
+    "prompt answered cold and then from the cache, and after a restart. A code canary must give its known answer "
+    "and no answer may be one token over and over.")
+
+
+def gate_result_text(passed: bool | None) -> str:
+    return "not run" if passed is None else "pass" if passed else "FAIL"
+
+
+def gate_difference_text(check: GateCheck) -> str:
+    """The first differing position and both tokens, in words; empty when the check found none."""
+    found = check.first_difference
+    if found is None:
+        return ""
+    def token(value: int | None) -> str:
+        return "end" if value is None else str(value)
+
+    line = (f"prompt {found.prompt}: token {found.position}: {token(found.expected_token)} expected, "
+            f"{token(found.got_token)} got")
+    if found.expected_text is not None and found.got_text is not None:
+        line += f" ({found.expected_text} vs {found.got_text})"
+    return line
+
+
+def _gate(report: Report) -> list[str]:
+    lines = [f"## {GATE_TITLE}", ""]
+    gate = report.gate
+    if gate is None:
+        return lines + ["Not run.", ""]
+    lines += [GATE_EXPLAINED, "", f"**{'passed' if gate.passed else 'FAILED'}.**", "",
+              "| check | result | detail |", "|---|---|---|"]
+    for check in gate.checks:
+        lines.append(f"| {text(check.name, in_cell=True)} | {gate_result_text(check.passed)} "
+                     f"| {text(check.detail, in_cell=True)} |")
+    lines.append("")
+    for check in gate.checks:
+        found = check.first_difference
+        if found is None:
+            continue
+        lines.append(f"- {text(check.name)}: {markdown_code(found.prompt, 80)}, first difference at generated token "
+                     f"{found.position}: expected token {found.expected_token}, got {found.got_token}"
+                     + (f" — expected {markdown_code(found.expected_text)} vs got {markdown_code(found.got_text)}"
+                        if found.expected_text is not None and found.got_text is not None else ""))
+    return lines + [""]
+
+
 def status_line(report: Report) -> str:
     """The run in a few words: partial and why, passed, or what failed."""
     if report.partial:
@@ -360,6 +410,8 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
             lines.append(f"- garbage guard, {text(finding.kind)}: {markdown_code(finding.prompt, 60)} — "
                          f"{text(finding.detail)}")
         lines.append("")
+
+    lines += _gate(report)
 
     lines += ["## Edge cases and smoke", ""]
     if report.smoke is None:

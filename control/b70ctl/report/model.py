@@ -64,6 +64,59 @@ class CorrectnessResult(Model):
     reason: str | None = None
 
 
+class Difference(Model):
+    """Where two greedy answers to one prompt part: the first differing position and the token on each side."""
+
+    prompt: str = Field(description="The prompt, or what it was when it is too long to show")
+    position: int = Field(description="Index of the first differing generated token")
+    expected_token: int | None = Field(description="The earlier (cold) answer's token; None: it ended there")
+    got_token: int | None = Field(description="The later answer's token; None: it ended there")
+    expected_text: str | None = Field(None, description="The earlier answer around the position, the token in [[ ]] "
+                                                        "(None: the server has no /detokenize)")
+    got_text: str | None = Field(None, description="The later answer around the position")
+
+
+class GateCheck(Model):
+    """One check of the gate against silent garbage. passed None: not run, `detail` says why."""
+
+    name: str
+    passed: bool | None
+    detail: str
+    first_difference: Difference | None = None
+
+
+class GateAnswer(Model):
+    """One prompt's greedy answer as a serve gave it."""
+
+    name: str = Field(description="Which check asked it, e.g. repetition-0, prefix-cache, canary")
+    prompt: str | list[int] = Field(description="The prompt as sent: text, or token ids")
+    max_tokens: int = Field(ge=1)
+    token_ids: list[int]
+    text: str = ""
+
+
+class GateAnswers(Model):
+    """The cold greedy answers of one serve (raw/gate/answers.json): a caller that serves the same recipe again
+    compares the next serve's answers with them (checks/gate.py compare_after_restart)."""
+
+    schema_version: Literal[1] = 1
+    recipe: str
+    served_model: str
+    nonce: str = Field(description="What made this run's long prompt new to the cache; a replay reuses it")
+    recorded_at: datetime
+    answers: list[GateAnswer]
+
+
+class GateResult(Model):
+    """The gate against silent garbage: identity across repetitions, the prefix cache and restarts, a code canary
+    and no run of one token. Any check that ran and failed fails the gate."""
+
+    passed: bool
+    checks: list[GateCheck]
+    answers: GateAnswers | None = Field(None, exclude=True, description="This run's cold answers, for a caller to "
+                                                                        "keep (also in raw/gate/answers.json)")
+
+
 class Summary(Model):
     """Robust summary of one figure across requests. ci_* is a distribution-free confidence interval for the
     median (order statistics of the binomial), at `confidence`."""
@@ -369,6 +422,7 @@ class Report(Model):
     environment: Environment = Field(default_factory=Environment)
     smoke: SmokeResult | None = None
     correctness: CorrectnessResult | None = None
+    gate: GateResult | None = Field(None, description="The gate against silent garbage (run with correctness)")
     throughput: ThroughputResult | None = None
     measurements: dict[str, float | list[float]] = Field(
         default_factory=dict, description="Flat figures claims refer to, e.g. throughput.short.decode_tok_s.median"
