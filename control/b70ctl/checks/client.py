@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import httpcore
 import httpx
 
 Api = Literal["completions", "chat"]
@@ -170,6 +171,39 @@ def _read(response: httpx.Response, content: bytes) -> httpx.Response:
     return httpx.Response(response.status_code, headers=headers, content=content, request=response.request)
 
 
+def _drop_overrun(http: httpx.Client) -> int:
+    """Bytes a server sent past the end of an answer (its Content-Length, or a chunked body's last chunk), with
+    every connection holding such bytes closed. h11 keeps them as the start of the connection's next answer and
+    httpcore reuses the connection: the next request would be answered by them (by an answer the server forged in
+    them, or by the rest of a body, the connection then one answer behind). They are in the parser's buffer, not in
+    the socket, so httpcore's own check for a readable idle connection misses them. An idle connection of another
+    shape than this httpcore's (no h11 parser found) is closed too: slower, never answered out of turn. Returns the
+    bytes found."""
+    overrun = 0
+    for transport in (http._transport, *http._mounts.values()):
+        pool = getattr(transport, "_pool", None)
+        if not isinstance(pool, httpcore.ConnectionPool):  # a test's transport: no connections
+            continue
+        for connection in pool.connections:
+            if not connection.is_idle():
+                continue
+            parser: Any = connection
+            while not hasattr(parser, "_h11_state") and hasattr(parser, "_connection"):  # down to the HTTP/1.1 one
+                parser = parser._connection
+            leftover = getattr(getattr(parser, "_h11_state", None), "trailing_data", None)
+            if isinstance(leftover, tuple) and leftover and isinstance(leftover[0], (bytes, bytearray)):
+                if not leftover[0]:
+                    continue
+                overrun += len(leftover[0])
+            connection.close()
+    return overrun
+
+
+def _overrun_text(overrun: int) -> str:
+    return (f"the server sent {overrun} bytes past the end of its answer (beyond its Content-Length or last chunk): "
+            "not a valid HTTP answer; its connection is closed so no other answer is read from them")
+
+
 class VllmClient:
     def __init__(self, endpoint: Endpoint, transport: httpx.BaseTransport | None = None):
         self.endpoint = endpoint
@@ -216,16 +250,22 @@ class VllmClient:
         max_tokens = body.get("max_tokens") if isinstance(body, dict) else None
         deadline_at = self._deadline_at(max_tokens if isinstance(max_tokens, int) else None)
         self._check_deadline(deadline_at, f"{method} {path}")
+        _drop_overrun(self._http)  # whatever way the last answer ended, none is read from its leftovers
         try:
             with self._http.stream(method, path, **kwargs) as response:
                 content = b"".join(self._capped(_decoded(response), deadline_at, f"{method} {path}"))
-                return _read(response, content)
+                answer = _read(response, content)
         except AnswerTooLarge as error:  # the server answered: with more than can be read, or in no known coding
             raise EndpointError(f"{method} {path}: {error}", answered=True) from error
         except RequestDeadlineExceeded as error:
             raise EndpointError(f"{method} {path}: {error}") from error
         except httpx.HTTPError as error:
             raise EndpointError(f"{method} {path}: {_describe(error)}") from error
+        # More bytes than the answer declared: what was read is cut short of what the server sent, and the rest
+        # would have been taken for the next answer.
+        if overrun := _drop_overrun(self._http):
+            raise EndpointError(f"{method} {path}: {_overrun_text(overrun)}", answered=True)
+        return answer
 
     def _capped(self, parts: Iterator[bytes], deadline_at: float = math.inf, what: str = "the answer"
                 ) -> Iterator[bytes]:
@@ -371,6 +411,7 @@ class VllmClient:
         result = StreamResult()
         deadline_at = self._deadline_at(max_tokens)
         self._check_deadline(deadline_at, "the stream")
+        _drop_overrun(self._http)  # whatever way the last answer ended, none is read from its leftovers
         start = time.perf_counter()
         try:
             with self._http.stream("POST", path, json=body) as response:
@@ -380,7 +421,7 @@ class VllmClient:
                     except AnswerTooLarge:
                         content = b""
                     result.error = _status_text(_read(response, content))
-                    return result
+                    return result  # the next request's check closes a connection this answer overran
                 for line in self._lines(response, deadline_at):
                     now = time.perf_counter() - start
                     if not line.startswith("data:"):
@@ -404,6 +445,8 @@ class VllmClient:
             result.error = f"stream stalled: no data for {self.endpoint.timeout_s:g} s"
         except httpx.HTTPError as error:
             result.error = f"stream cut: {_describe(error)}"
+        if (overrun := _drop_overrun(self._http)) and result.error is None:
+            result.error = f"stream cut: {_overrun_text(overrun)}"
         if result.error is None and not result.done:
             result.error = "stream ended without [DONE]"
         return result
