@@ -29,6 +29,7 @@ from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import CorrectnessSettings, Recipe
 from b70ctl.escaping import markdown_code
 from b70ctl.report.html import render_html
+from b70ctl.report.load import load_report
 from b70ctl.report.markdown import render_markdown
 from b70ctl.report.model import CorrectnessResult, GateResult, PromptComparison
 from b70ctl.verify import VerifyRequest, verify
@@ -359,6 +360,8 @@ def test_verify_runs_the_gate_with_correctness_and_a_failure_fails_the_report(tm
     saved = json.loads((tmp_path / "good" / "out" / "report.json").read_text())
     assert saved["gate"]["passed"] is True and "answers" not in saved["gate"]
     assert (tmp_path / "good" / "out" / "raw" / "gate" / "answers.json").is_file()
+    loaded = load_report(tmp_path / "good" / "out" / "report.json")  # what the fleet report reads back
+    assert loaded.gate is not None and [c.name for c in loaded.gate.checks] == [c.name for c in good.gate.checks]
 
     bad = _verify(recipe, tmp_path / "bad", corrupt_seen_prefix=True)
     assert bad.correctness is not None and bad.correctness.passed  # the short prompts are right

@@ -358,10 +358,10 @@ def run_gate(client: VllmClient, recipe: Recipe, raw_dir: Path | None, restart: 
     try:
         long, tokens, how = long_prompt(client, recipe, nonce)
         short = tokens <= FIELD_BLOCK_TOKENS
-        length_note = (f"a {how} prompt" + (f", short of {FIELD_BLOCK_TOKENS}: the recipe's serve.max_model_len "
-                                            f"{recipe.serve.max_model_len} leaves no more beside {max_tokens} "
-                                            "generated tokens" if short and gate.cache_probe_tokens > tokens
-                                            else ""))
+        length_note = (f"the long prompt: {how}" + (
+            f", short of {FIELD_BLOCK_TOKENS}: the recipe's serve.max_model_len {recipe.serve.max_model_len} leaves no "
+            f"more beside {max_tokens} generated tokens and {CONTEXT_MARGIN} spare"
+            if short and gate.cache_probe_tokens > tokens else ""))
         for _ in range(gate.cache_probe_requests):
             probe.append(_ask(client, "prefix-cache", long, max_tokens, raw))
     except EndpointError as error:
