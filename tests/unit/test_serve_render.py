@@ -121,6 +121,9 @@ ROUTE_B = [
     Fact("spec", "enable_adaptive_verification", ABSENT,
          "Serving (route b): `enable_adaptive_verification` is rejected with Qwen3.8's GDN layers"),
     Fact("flag", "--served-model-name", "qwen3.8-27b-int4", "not in docs/facts.md: the recipe's served_model_name"),
+    Fact("flag", "--no-enable-prefix-caching", PRESENT,
+         "docs/facts.md: every server of a recipe that speculates on a hybrid target (`has_linear_attention`) on vLLM "
+         ">= 0.28.1 is rendered with `--no-enable-prefix-caching` until the gate's prefix-cache probe passed"),
     Fact("env", "VLLM_USE_V2_MODEL_RUNNER", ABSENT,
          "Serving (route b): It runs only on Model Runner V2: never set VLLM_USE_V2_MODEL_RUNNER=0 with dspark"),
     Fact("env", "VLLM_USE_AOT_COMPILE", ABSENT, ROUTE_B_NO_ENV),
@@ -433,7 +436,7 @@ def test_serve_render_cli_prints_the_rendered_command(tmp_path: Path) -> None:
     result = runner.invoke(app, ["serve", "render", "--recipe", "pr620-fp8-tp2", "--topology", str(path), "--json"])
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout)
-    assert set(printed) == {"argv", "env", "docker_args"}
+    assert set(printed) == {"argv", "env", "docker_args", "prefix_caching"}
     assert printed == render_xpu_container(load_recipe("pr620-fp8-tp2"), CONTEXT, load_topology(path)).model_dump()
     # Spot checks straight on the CLI's JSON (the full table is above).
     seen = observed(ServeCommand.model_validate(printed))
@@ -566,3 +569,54 @@ def test_every_rendered_path_option_is_one_docker_accepts(tmp_path: Path, recipe
     for name in ("-v", "--device"):
         for value in options.get(name, []):
             assert docker_cli_path_error(value) is None, (name, value)
+
+
+# ---- prefix caching with speculation on a hybrid target ----------------------------------------------------------
+def _prefix_flags(argv: list[str]) -> list[str]:
+    return [flag for flag in argv if flag in ("--enable-prefix-caching", "--no-enable-prefix-caching")]
+
+
+@pytest.mark.parametrize(("recipe_name", "expected"), [
+    # Qwen3.8 (GDN + attention) speculating on 0.29 and 0.30: vLLM's own default would be on (0.29.0
+    # config/model.py is_prefix_caching_supported: "Generative hybrid models support prefix caching").
+    ("dspark-int4-tp1", ["--no-enable-prefix-caching"]),
+    ("mtp3-int4-tp2", ["--no-enable-prefix-caching"]),  # the record ran with it on: off until the probe passed
+    ("mtp8-fp8-tp2", ["--no-enable-prefix-caching"]),  # the recipe's own choice, no note
+    ("pr620-fp8-tp2", []),  # vLLM 0.21: before hybrid models had it on by default
+    ("cpu-tiny", []),  # not hybrid
+])
+def test_a_speculating_hybrid_target_serves_without_prefix_caching_until_the_probe_passed(
+        recipe_name: str, expected: list[str]) -> None:
+    recipe = load_recipe(recipe_name)
+    command = render_serve(recipe, CONTEXT)
+    assert _prefix_flags(command.argv) == expected
+    forced = recipe.serve.enable_prefix_caching is not False and expected == ["--no-enable-prefix-caching"]
+    assert (command.prefix_caching is not None) == forced
+    if forced:
+        assert command.prefix_caching.startswith("off: a hybrid target speculating on vLLM >= 0.28.1")
+    # The target-only baseline is the same server without speculation: the same setting, the same note.
+    baseline = render_serve(recipe, CONTEXT.model_copy(update={"speculative": False}))
+    assert (_prefix_flags(baseline.argv), baseline.prefix_caching) == (expected, command.prefix_caching)
+
+
+def test_after_the_probe_passed_the_recipe_decides_and_the_command_line_says_so() -> None:
+    passed = CONTEXT.model_copy(update={"prefix_cache_probe_passed": True})
+    record = render_serve(load_recipe("mtp3-int4-tp2"), passed)
+    assert _prefix_flags(record.argv) == ["--enable-prefix-caching"]
+    assert record.prefix_caching.startswith("on: the gate's prefix-cache probe passed")
+    dspark = render_serve(load_recipe("dspark-int4-tp1"), passed)
+    assert _prefix_flags(dspark.argv) == [] and dspark.prefix_caching is None  # vLLM's default, on
+
+
+
+def test_the_role_s_probe_flag_reaches_the_render(tmp_path: Path) -> None:
+    root, _ = written_topology(tmp_path, "b70x2-switch", 1)
+    path = Path(root) / TOPOLOGY_PATH.lstrip("/")
+    runner = CliRunner()
+    for extra, expected in (([], ["--no-enable-prefix-caching"]), (["--prefix-cache-probe-passed"], [])):
+        done = runner.invoke(app, ["serve", "render", "--recipe", "dspark-int4-tp1", "--topology", str(path),
+                                   "--json", *extra])
+        assert done.exit_code == 0, done.output
+        assert _prefix_flags(json.loads(done.stdout)["argv"]) == expected
+    render_yml = (REPO / "roles/vllm_serve/tasks/render.yml").read_text()
+    assert "(['--prefix-cache-probe-passed'] if vllm_serve_prefix_cache_probe_passed | bool else [])" in render_yml

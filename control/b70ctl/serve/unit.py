@@ -96,6 +96,8 @@ class ServingContainer(Document):
     # restarts do not recompile what the served configuration already compiled.
     compile_cache_dir: str = DEFAULT_COMPILE_CACHE_DIR
     neo_cache_max_bytes: int = Field(DEFAULT_NEO_CACHE_MAX_BYTES, ge=0)
+    prefix_cache_probe_passed: bool = Field(False, description="vllm_serve_prefix_cache_probe_passed: a tune's "
+                                                               "candidates are rendered with the unit's")
 
     @field_validator("models_dir")
     @classmethod
@@ -109,7 +111,8 @@ class ServingContainer(Document):
         """What the render is given for this container (the speculative server, or its target-only baseline)."""
         return ServeContext(model_dir=self.model_dir, drafter_dir=self.drafter_dir, host="0.0.0.0", port=self.port,
                             speculative=speculative, extra_env=self.extra_env,
-                            compile_cache_dir=self.compile_cache_dir, neo_cache_max_bytes=self.neo_cache_max_bytes)
+                            compile_cache_dir=self.compile_cache_dir, neo_cache_max_bytes=self.neo_cache_max_bytes,
+                            prefix_cache_probe_passed=self.prefix_cache_probe_passed)
 
     def exec_start(self, command: ServeCommand, env_file: str | None = None) -> list[str]:
         """The unit's command: docker run of the image with the render's options and arguments; a tune passes
