@@ -13,6 +13,7 @@ loaded API server or a proxy can, while the histograms still tell when the engin
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 import threading
 import time
 from dataclasses import dataclass, field
@@ -89,6 +90,8 @@ class ScriptedServer(ThreadingHTTPServer):
         self.speculates = True
         self.request_histograms = True  # False: a server that exports no per-request timing
         self.first_token_id = 100  # another value makes this server's greedy output differ from a default one
+        # (prompt, token ids) -> the token ids a non-streamed answer carries: a server corrupting some answers
+        self.alter: Callable[[Any, list[int]], list[int]] | None = None
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generation": 0}
         # Histogram name -> [sum, count], observed once per finished request like vLLM's.
         self.histograms: dict[str, list[float]] = {name: [0.0, 0.0] for name in HISTOGRAMS}
@@ -259,7 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             self._stream(body, script, prompt, prompt_tokens, arrival_s, chat)
         else:
-            self._complete(script, prompt_tokens, chat)
+            self._complete(script, prompt_tokens, chat, prompt)
 
     def _token_ids(self, script: Script) -> list[list[int]]:
         next_id = self.server.first_token_id
@@ -269,8 +272,10 @@ class _Handler(BaseHTTPRequestHandler):
             next_id += count
         return per_chunk
 
-    def _complete(self, script: Script, prompt_tokens: int, chat: bool) -> None:
+    def _complete(self, script: Script, prompt_tokens: int, chat: bool, prompt: Any = None) -> None:
         token_ids = [token for chunk in self._token_ids(script) for token in chunk]
+        if self.server.alter is not None:
+            token_ids = self.server.alter(prompt, token_ids)
         text = "".join(f"t{token} " for token in token_ids)
         choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "token_ids": token_ids}
         if chat:

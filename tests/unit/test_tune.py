@@ -436,9 +436,11 @@ class RecipeServing(ScriptedServing):
     """One raced recipe's servers: every candidate of it serves at `rate` (or rates[k] for the host's k), the
     target-only baseline at 300 tok/s; `wrong` answers other greedy tokens; `started` is shared by the race."""
 
-    def __init__(self, recipe, started: list[str], rates=None, wrong=False, baselines: list[str] | None = None):
+    def __init__(self, recipe, started: list[str], rates=None, wrong=False, baselines: list[str] | None = None,
+                 alter=None):
         super().__init__(rates or {}, wrong=frozenset({recipe.name}) if wrong else frozenset())
         self.recipe, self.started, self.baselines = recipe, started, baselines if baselines is not None else []
+        self.alter = alter  # (serve number from 1, prompt, token ids) -> token ids: a server corrupting answers
 
     @contextmanager
     def baseline(self):
@@ -455,6 +457,9 @@ class RecipeServing(ScriptedServing):
             server.default_script = steady_script(self.rates.get(key, 100.0))
             if self.recipe.name in self.wrong:
                 server.first_token_id = 999
+            if self.alter is not None:
+                serve = self.started.count(self.started[-1])
+                server.alter = lambda prompt, ids: self.alter(serve, prompt, ids)
             yield Endpoint(server.url, model=self.model, timeout_s=10)
 
 
@@ -557,3 +562,58 @@ def test_a_race_report_shows_each_recipes_published_records_with_their_urls():
     assert mtp3["code-decode"].tok_s == 109.0
     assert mtp3["code-decode"].url.startswith("https://github.com/bklinkradt/arc-b70-llm-stack/")
     assert any(r.recipe == "pr620-fp8-tp2" and r.tok_s == 72.2 for r in records)
+
+
+def corrupt_cached_prefix():
+    """An answer to a long prompt (past 1024 tokens) whose start this server has seen: token 5 changed, as a
+    prefix cache that serves another request's blocks would."""
+    seen: set[str] = set()
+
+    def alter(serve: int, prompt, ids: list[int]) -> list[int]:
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        long = len(prompt) > 1024
+        start = text[:64]
+        if long and start in seen and len(ids) > 5:
+            ids = ids[:5] + [ids[5] + 1] + ids[6:]
+        seen.add(start)
+        return ids
+    return alter
+
+
+def changed_after_restart(serve: int, prompt, ids: list[int]) -> list[int]:
+    """From the candidate's second serve on, token 3 of every answer is 999: answers that change with a restart."""
+    return ids[:3] + [999] + ids[4:] if serve > 1 and len(ids) > 3 else ids
+
+
+def test_the_race_disqualifies_a_candidate_the_gate_catches_whatever_its_speed(tmp_path):
+    """Greedy identity with the baseline holds for both (their cold answers are right): the first corrupts answers
+    whose long prefix it served before, the second answers otherwise after a restart. Each is out, at the first
+    position that differs, with both tokens; the honest host recipe wins."""
+    from b70ctl.tune.run import Entrant, run_race
+
+    started: list[str] = []
+    entrants = [
+        Entrant(RACE_HOST, RecipeServing(RACE_HOST, started, {2: 240.0, 4: 200.0})),
+        Entrant(NGRAM_RECIPE, RecipeServing(NGRAM_RECIPE, started, {"cpu-tiny-ngram": 900.0},
+                                            alter=lambda serve, prompt, ids: corrupting(serve, prompt, ids))),
+        Entrant(TARGET_ONLY, RecipeServing(TARGET_ONLY, started, {"cpu-tiny-target-only": 800.0},
+                                           alter=changed_after_restart)),
+    ]
+    corrupting = corrupt_cached_prefix()
+    report = run_race(entrants, tmp_path)
+    write_tune_outputs(report, tmp_path)
+    results = {c.recipe: c for c in report.candidates if c.recipe != "cpu-tiny"}
+    cache = results["cpu-tiny-ngram"]
+    assert cache.correctness == "5/5 identical" and cache.rounds == 1
+    assert cache.disqualified.startswith("the gate against silent garbage:")
+    assert "first difference at generated token 5: token 105 before, token 106 now" in cache.disqualified, \
+        cache.disqualified
+    restarted = results["cpu-tiny-target-only"]
+    # It passed its first serve and led round 0; its second serve (round 1) answered otherwise: out.
+    assert restarted.gate.startswith("gate passed") and restarted.rounds == 2
+    assert "after a restart" in restarted.disqualified and "999" in restarted.disqualified, restarted.disqualified
+    assert started.count("cpu-tiny-target-only:cpu-tiny-target-only") == 2
+    assert report.winner_recipe == "cpu-tiny" and report.final.winner_key in {
+        c.key for c in report.candidates if c.recipe == "cpu-tiny"}
+    markdown = (tmp_path / "tune.md").read_text()
+    assert "the gate against silent garbage" in markdown

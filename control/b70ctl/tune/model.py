@@ -77,6 +77,8 @@ class Measurement(_Model):
     decode_tok_s: list[float] = Field(default_factory=list, description="Per-request decode rates, engine clock")
     client_timed: int = Field(0, ge=0, description="Requests the engine did not time (rate from arrivals)")
     correctness: str | None = Field(None, description="identical/total greedy outputs, when checked here")
+    gate: str | None = Field(None, description="The gate against silent garbage: its verdict at the first serve, "
+                                               "the restart comparison at a later one")
     disqualified: str | None = Field(None, description="Why the candidate is out, whatever its speed")
     mean_acceptance_length: dict[str, float] = Field(default_factory=dict, description="Per workload")
     measured_at: datetime
@@ -98,6 +100,7 @@ class CandidateResult(_Model):
     rounds: int = Field(description="Rounds of the halving it was measured in")
     halving: Figures = Field(description="Over all its requests of the halving")
     correctness: str | None = None
+    gate: str | None = Field(None, description="The gate's verdict at the candidate's first serve")
     disqualified: str | None = None
 
     @property

@@ -46,7 +46,9 @@ def tune_markdown(report: TuneReport) -> str:
     lines += [
         f"Score = median - 1.4826 x MAD of the per-request decode rate (tok/s, engine clock) over the workload mix "
         f"({text(', '.join(report.workloads))}): a setting fast once and slow often loses. A candidate whose greedy "
-        "output differs from the target-only baseline is out whatever its speed.", "",
+        "output differs from the target-only baseline, or that fails the gate against silent garbage (repeated "
+        "prompts, a long shared prefix from the cache, a canary, runs of one token at its first serve; the same "
+        "tokens at every later serve, a fresh server), is out whatever its speed.", "",
         f"Budget: {report.spent_requests} of {report.budget_requests} measured requests (warm-ups not counted); "
         f"{report.started_at:%Y-%m-%d %H:%M} to {report.finished_at:%H:%M} UTC"
         + (f"; oneCCL profile {text(report.profile)}" if report.profile else "") + ".", ""]
@@ -58,14 +60,15 @@ def tune_markdown(report: TuneReport) -> str:
             lines.append(_figures_row(f"winner: {labels[report.final.winner_key]}", report.final.winner))
         lines.append("")
     lines += ["## Candidates (successive halving)", "",
-              "| candidate | rounds | score | median | MAD | n | correctness | |", "|---|---|---|---|---|---|---|---|"]
+              "| candidate | rounds | score | median | MAD | n | correctness | gate | |",
+              "|---|---|---|---|---|---|---|---|---|"]
     ranked = sorted(report.candidates, key=lambda c: (c.disqualified is not None, -c.rounds,
                                                       -(c.halving.score_tok_s or 0.0)))
     for candidate in ranked:
         name = candidate.label + (" (recipe's default)" if candidate.is_default else "")
         lines.append(f"| {text(name)} | {candidate.rounds} | {_tok(candidate.halving.score_tok_s)} "
                      f"| {_tok(candidate.halving.median_tok_s)} | {_tok(candidate.halving.mad_tok_s)} "
-                     f"| {candidate.halving.n} | {text(candidate.correctness or '-')} "
+                     f"| {candidate.halving.n} | {text(candidate.correctness or '-')} | {text(candidate.gate or '-')} "
                      f"| {text('disqualified: ' + candidate.disqualified) if candidate.disqualified else ''} |")
     if report.race:
         lines += race_table(report)

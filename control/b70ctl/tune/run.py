@@ -18,6 +18,7 @@ from pathlib import Path
 
 from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
 from b70ctl.checks.correctness import Reference, load_reference, record_reference, run_correctness
+from b70ctl.checks.gate import compare_after_restart, load_answers, make_decoder, replay, run_gate, save_answers
 from b70ctl.checks.throughput import run_throughput
 from b70ctl.errors import BadInput
 from b70ctl.recipes.model import Recipe, TuneSpace
@@ -173,29 +174,38 @@ class CandidateMeasurer:
         entrant = self.entrant(candidate)
         tuned = entrant.recipe.with_overrides(candidate.overrides)
         self.progress(f"{stage}: {candidate.label}: serving")
-        correctness = None
+        correctness = gate = None
         try:
             with entrant.servers.candidate(candidate) as endpoint, VllmClient(endpoint) as client:
                 if candidate.key not in self.checked:
-                    result = run_correctness(client, tuned, self.references[entrant.recipe.name], raw_dir)
+                    reference = self.references[entrant.recipe.name]
+                    result = run_correctness(client, tuned, reference, raw_dir)
                     correctness, reason = correctness_verdict(result, required_identical_fraction(entrant.recipe))
+                    if reason is None:
+                        gate, reason = self.first_gate(client, tuned, reference, candidate, raw_dir)
                     if reason is not None:
                         self.progress(f"{stage}: {candidate.label}: disqualified: {reason}")
-                        return Measurement(candidate=candidate.key, stage=stage, correctness=correctness,
+                        return Measurement(candidate=candidate.key, stage=stage, correctness=correctness, gate=gate,
                                            disqualified=reason, measured_at=datetime.now(UTC))
                     self.checked.add(candidate.key)
+                else:
+                    gate, reason = self.gate_after_restart(client, candidate)
+                    if reason is not None:
+                        self.progress(f"{stage}: {candidate.label}: disqualified: {reason}")
+                        return Measurement(candidate=candidate.key, stage=stage, gate=gate, disqualified=reason,
+                                           measured_at=datetime.now(UTC))
                 self.progress(f"{stage}: {candidate.label}: {correctness or 'correctness checked earlier'}; "
-                              f"measuring {requests_per_workload} request(s) per workload")
+                              f"{gate}; measuring {requests_per_workload} request(s) per workload")
                 measured_recipe = round_recipe(with_workloads_of(tuned, self.host), requests_per_workload)
                 throughput = run_throughput(client, measured_recipe, raw_dir,
                                             progress=lambda message: self.progress(f"{stage}: {candidate.label}: "
                                                                                    f"{message}"))
         except CandidateFailed as not_started:
-            return Measurement(candidate=candidate.key, stage=stage, correctness=correctness,
+            return Measurement(candidate=candidate.key, stage=stage, correctness=correctness, gate=gate,
                                disqualified=f"the server did not start: {not_started.reason}",
                                measured_at=datetime.now(UTC))
         except EndpointError as error:
-            return Measurement(candidate=candidate.key, stage=stage, correctness=correctness,
+            return Measurement(candidate=candidate.key, stage=stage, correctness=correctness, gate=gate,
                                disqualified=f"the server failed: {error.reason}", measured_at=datetime.now(UTC))
         requests = [r for w in throughput.workloads for r in w.requests]
         failed = next((w for w in throughput.workloads if w.error is not None), None)
@@ -205,9 +215,37 @@ class CandidateMeasurer:
                       and w.spec_decode.mean_acceptance_length is not None}
         return Measurement(
             candidate=candidate.key, stage=stage, requests=len(requests), decode_tok_s=rates,
-            client_timed=sum(1 for r in requests if r.timing_source != "engine"), correctness=correctness,
+            client_timed=sum(1 for r in requests if r.timing_source != "engine"), correctness=correctness, gate=gate,
             disqualified=(f"workload {failed.name} failed: {failed.error}" if failed is not None else None),
             mean_acceptance_length=acceptance, measured_at=datetime.now(UTC))
+
+    def answers_path(self, candidate: Candidate) -> Path:
+        return self.out_dir / "gate" / f"{slug(candidate.label)}.json"
+
+    def first_gate(self, client: VllmClient, recipe: Recipe, reference: Reference, candidate: Candidate,
+                   raw_dir: Path) -> tuple[str, str | None]:
+        """The gate against silent garbage at a candidate's first serve: repetition, the prefix-cache probe, the
+        canary and runs of one token (checks/gate.py). Its answers are kept: every later serve of the candidate
+        is a restart, asked the same prompts (gate_after_restart)."""
+        result = run_gate(client, recipe, raw_dir, baseline=reference)
+        failed = next((check for check in result.checks if check.passed is False), None)
+        if failed is not None:
+            return f"gate failed: {failed.name}", f"the gate against silent garbage: {failed.detail}"
+        if result.answers is not None:
+            save_answers(result.answers, self.answers_path(candidate))
+        passed = [check.name for check in result.checks if check.passed]
+        return f"gate passed ({', '.join(passed)})", None
+
+    def gate_after_restart(self, client: VllmClient, candidate: Candidate) -> tuple[str | None, str | None]:
+        """A later serve of a candidate is a fresh server: the first serve's gate prompts must give the same tokens."""
+        path = self.answers_path(candidate)
+        if not path.exists():  # a state file from before the gate: nothing to compare with
+            return None, None
+        earlier = load_answers(path)
+        check = compare_after_restart(earlier, replay(client, earlier), make_decoder(client))
+        if check.passed is False:
+            return "gate failed: restart", f"the gate against silent garbage: {check.detail}"
+        return "same tokens after a restart", None
 
 
 def with_workloads_of(recipe: Recipe, host: Recipe) -> Recipe:
@@ -392,6 +430,7 @@ def build_report(recipes: list[Recipe], profile: str | None, candidates: list[Ca
             is_default=candidate.key == default.key, rounds=len(measurements),
             halving=figures(halving_rates(state, candidate)),
             correctness=next((m.correctness for m in state.of(candidate.key) if m.correctness), None),
+            gate=next((m.gate for m in state.of(candidate.key) if m.gate), None),
             disqualified=disqualification(state, candidate)))
     by_key = {c.key: c for c in candidates}
     tuned: dict[str, Value]
