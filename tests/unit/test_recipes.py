@@ -13,7 +13,8 @@ from b70ctl.recipes import load_recipe, load_recipe_file, recipe_names, recipe_p
 
 
 def test_shipped_recipes_load():
-    assert recipe_names() == ["cpu-tiny", "cpu-tiny-ngram", "cpu-tiny-target-only", "dspark-fp8-tp2", "dspark-int4-tp1", "mtp3-int4-tp2", "mtp4-int4-tp1",
+    assert recipe_names() == ["cpu-tiny", "cpu-tiny-ngram", "cpu-tiny-target-only",
+                              "dspark-fp8-tp2", "dspark-int4-tp1", "mtp3-int4-tp2", "mtp4-int4-tp1",
                               "mtp8-fp8-tp2", "pr620-fp8-tp2"]
     pr620 = load_recipe("pr620-fp8-tp2")
     assert pr620.serve.tensor_parallel_size == 2

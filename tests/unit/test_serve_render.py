@@ -620,3 +620,17 @@ def test_the_role_s_probe_flag_reaches_the_render(tmp_path: Path) -> None:
         assert _prefix_flags(json.loads(done.stdout)["argv"]) == expected
     render_yml = (REPO / "roles/vllm_serve/tasks/render.yml").read_text()
     assert "(['--prefix-cache-probe-passed'] if vllm_serve_prefix_cache_probe_passed | bool else [])" in render_yml
+
+
+def test_the_report_says_why_prefix_caching_is_off() -> None:
+    """serve.json's prefix_caching reaches the report's configuration section through the host's environment."""
+    from datetime import UTC, datetime
+
+    from b70ctl.report.markdown import render_markdown
+    from b70ctl.report.model import Environment, Report
+
+    recipe = load_recipe("dspark-int4-tp1")
+    why = render_serve(recipe, CONTEXT).prefix_caching
+    report = Report(tool_version="test", recipe=recipe.name, endpoint="http://127.0.0.1:8000",
+                    started_at=datetime.now(UTC), environment=Environment(serve_prefix_caching=why))
+    assert f"Prefix caching: {why}." in render_markdown(report, recipe)

@@ -75,6 +75,7 @@ def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
               "serve": {"argv": ["--model", "/models/target", "--speculative-config", '{"k": 4}'],
                         "env": {"ZE_AFFINITY_MASK": "0,1", "CCL_TOPO_P2P_ACCESS": "1"},
                         "exec_start_line": '"/usr/bin/docker" "run" "image" "--model" "/models/target"',
+                        "prefix_caching": "off: a hybrid target speculating",
                         "rehearsal": {"models": "tiny", "drop": [{"option": "--speculative-config", "why": "refused",
                                                                   "refusal": "no"}],
                                       "replace": [{"option": "--port", "value": "1", "why": "taken"}]}}}
@@ -93,6 +94,7 @@ def test_host_environment_maps_every_collected_fact(p2p_host) -> None:
         "serve_command": "CCL_TOPO_P2P_ACCESS=1 ZE_AFFINITY_MASK=0,1 vllm serve --model /models/target "
                          "--speculative-config '{\"k\": 4}'", "hardware_root": facts["root"],
         "serve_exec_start": '"/usr/bin/docker" "run" "image" "--model" "/models/target"',
+        "serve_prefix_caching": "off: a hybrid target speculating",
         "rehearsal": ["models: tiny", "removed --speculative-config: refused", "--port 1: taken"]}
     # The profile is p2p because the host's override said so, not because the topology proved it: the report says so.
     assert environment["p2p_profile_reason"].startswith("override: p2p")

@@ -118,6 +118,7 @@ def host_environment(bundle: HostBundle, recipe: Recipe, lock: Lock) -> Environm
         p2p_profile_reason=profile_reason(topology) if topology else None,
         serve_command=serve_command_line(bundle.serve) if bundle.serve else None,
         serve_exec_start=bundle.serve.exec_start_line if bundle.serve else None,
+        serve_prefix_caching=bundle.serve.prefix_caching if bundle.serve else None,
         rehearsal=rehearsal_lines(bundle.serve.rehearsal) if bundle.serve and bundle.serve.rehearsal else None,
         hardware_root=hardware_root(facts) if facts else None,
     )

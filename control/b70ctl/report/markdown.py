@@ -357,6 +357,8 @@ def render_markdown(report: Report, recipe: Recipe) -> str:
         lines += ["Serve command:", "", *markdown_code_block(env.serve_command), ""]
     if env.serve_exec_start:
         lines += ["The serving unit's ExecStart:", "", *markdown_code_block(f"ExecStart={env.serve_exec_start}"), ""]
+    if env.serve_prefix_caching:
+        lines += [f"Prefix caching: {text(env.serve_prefix_caching)}.", ""]
     if env.rehearsal:
         lines += ["**Rehearsal:** served from a stand-in base with vLLM's CPU build; the overlay "
                   "(control/b70ctl/serve/rehearsal.yaml) changed only this:", ""]

@@ -348,6 +348,8 @@ class Environment(Model):
     served_speculative_positions: int | None = Field(None, description="k as the server's /metrics shows it")
     serve_command: str | None = Field(None, description="The host's rendered vLLM command line, when known")
     serve_exec_start: str | None = Field(None, description="The serving unit's ExecStart= value, as the unit holds it")
+    serve_prefix_caching: str | None = Field(
+        None, description="Why the render turned prefix caching on or off (serve.json prefix_caching), when it did")
     rehearsal: list[str] | None = Field(None, description="A rehearsal's overlay (serve/rehearsal.yaml): what it "
                                         "served differently from a B70 host; absent on a real host")
     hardware_root: str | None = Field(
