@@ -4,7 +4,8 @@ of one round and the final: at most seven server starts (one baseline, four cand
 
 The candidates and the baseline run at TP=1 here to keep the starts short; the machinery is the command's own:
 LocalServing renders each candidate with render_serve, the one reference comes from the target-only baseline the
-three recipes share, and every rate is the engine's (vLLM's per-request histograms). Which recipe wins is this
+three recipes share, each candidate passes the gate against silent garbage at its first serve and answers the same
+at a later one, and every rate is the engine's (vLLM's per-request histograms). Which recipe wins is this
 machine's measurement and is not asserted: that every candidate was served, checked and measured, and that the
 winner is what the files say, is.
 """
@@ -53,6 +54,10 @@ def test_race_on_real_vllm(cpu_tiny, tiny_models, tmp_path):
                                                     "cpu-tiny-ngram: the recipe as it is",
                                                     "cpu-tiny-target-only: the recipe as it is"}
     assert all(c.halving.n == 2 and c.halving.score_tok_s > 0 for c in report.candidates)
+    # The gate against silent garbage at each first serve: repeated prompts, the long prefix from the cache and runs
+    # of one token gave the cold answers on real vLLM; the final's second serves answered as the first did.
+    assert all(c.gate is not None and c.gate.startswith("gate passed") for c in report.candidates), \
+        [(c.label, c.gate) for c in report.candidates]
     # One baseline for the three: they share the target, image and correctness set.
     assert sorted(path.name for path in tmp_path.glob("reference*.json")) == ["reference-cpu-tiny.json"]
     assert sum(entrant.servers.started for entrant in entrants) <= 1 + 4 + 2
