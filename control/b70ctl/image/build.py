@@ -33,7 +33,11 @@ LABEL_VLLM_VERSION = "org.b70.vllm.version"
 LABEL_BASE_DIGEST = "org.b70.base.digest"
 LABEL_BASE_IMAGE = "org.b70.base.image"
 LABEL_BASE_TREE = "org.b70.patch-series.base-tree"
-LABELS = (LABEL_SERIES_SHA256, LABEL_VLLM_VERSION, LABEL_BASE_DIGEST, LABEL_BASE_IMAGE, LABEL_BASE_TREE)
+LABEL_COMPUTE_RUNTIME = "org.b70.compute-runtime"
+# The build argument an image variant's compute runtime reaches the Dockerfile by (images/xpu-native/Dockerfile).
+COMPUTE_RUNTIME_ARG = "COMPUTE_RUNTIME"
+LABELS = (LABEL_SERIES_SHA256, LABEL_VLLM_VERSION, LABEL_BASE_DIGEST, LABEL_BASE_IMAGE, LABEL_BASE_TREE,
+          LABEL_COMPUTE_RUNTIME)
 
 DIGEST = r"sha256:[0-9a-f]{64}"
 DIGEST_REFERENCE = re.compile(rf"^(?P<name>[^@\s]+)@(?P<digest>{DIGEST})$")
@@ -58,6 +62,8 @@ class BuildPlan(Strict):
     vllm_version: str
     series_sha256: str | None
     base_tree: str | None = Field(None, description="The tree the series is checked against (from the lock)")
+    variant: str | None = Field(None, description="The recipe's image variant built (image.variants), or the image")
+    compute_runtime: str | None = Field(None, description="The variant's compute runtime, installed by the build")
     files: list[ContextFile]
 
     def build_args(self) -> dict[str, str]:
@@ -66,6 +72,8 @@ class BuildPlan(Strict):
             args["SERIES_SHA256"] = self.series_sha256
         if self.base_tree is not None:
             args["BASE_TREE"] = self.base_tree
+        if self.compute_runtime is not None:
+            args[COMPUTE_RUNTIME_ARG] = self.compute_runtime
         return args
 
     def expected_labels(self) -> dict[str, str]:
@@ -73,6 +81,8 @@ class BuildPlan(Strict):
                   LABEL_BASE_DIGEST: self.base_digest, LABEL_BASE_IMAGE: self.base_image}
         if self.base_tree is not None:
             labels[LABEL_BASE_TREE] = self.base_tree
+        if self.compute_runtime is not None:
+            labels[LABEL_COMPUTE_RUNTIME] = self.compute_runtime
         return labels
 
     def context_paths(self) -> list[str]:
@@ -131,6 +141,28 @@ def dockerfile_base_args(dockerfile: Path) -> list[str]:
     return froms
 
 
+def variant_runtime(recipe: Recipe, variant: str, dockerfile: Path) -> str:
+    """The compute runtime of a buildable image variant of the recipe, which its Dockerfile installs: a variant the
+    recipe does not name, cannot build, or whose runtime the Dockerfile pins no packages for is refused (docker
+    would ignore a build argument the Dockerfile does not declare and build the stock image under the variant's tag).
+    """
+    found = next((item for item in recipe.image.variants if item.name == variant), None)
+    if found is None:
+        names = ", ".join(item.name for item in recipe.image.variants) or "none"
+        raise BadInput(f"recipe {recipe.name} has no image variant {variant!r} (its variants: {names})")
+    if not found.buildable:
+        raise BadInput(f"image variant {variant!r} of recipe {recipe.name} cannot be built: "
+                       f"{found.not_buildable_reason}")
+    parser_module = require("dockerfile_parse", "planning an image build")
+    structure = parser_module.DockerfileParser(path=str(dockerfile), cache_content=True).structure
+    declared = {item["value"].split("=", 1)[0].strip() for item in structure if item["instruction"] == "ARG"}
+    steps = [item["value"] for item in structure if item["instruction"] == "RUN"]
+    if COMPUTE_RUNTIME_ARG not in declared or not any(f"{found.compute_runtime})" in step for step in steps):
+        raise BadInput(f"{dockerfile} installs no compute runtime {found.compute_runtime} (ARG {COMPUTE_RUNTIME_ARG} "
+                       f"and a case for it): image variant {variant!r} of recipe {recipe.name} cannot be built there")
+    return found.compute_runtime
+
+
 def local_wheel_dirs() -> list[Path]:
     """Where this kind of machine keeps wheels PyPI does not serve (same places scripts/bootstrap-venv looks)."""
     dirs = [Path(d) for d in os.environ.get("PIP_FIND_LINKS", "").split() if d]
@@ -187,8 +219,10 @@ def context_files(recipe: Recipe, repo_root: Path, series: PatchSeries | None,
 
 
 def plan_build(recipe: Recipe, lock: Lock, repo_root: Path, base_override: str | None = None,
-               local_image_id: Callable[[str], str] | None = None, wheel_dirs: list[Path] | None = None) -> BuildPlan:
-    """Everything a build needs, every refusal included; nothing touches docker except the local-base lookup."""
+               local_image_id: Callable[[str], str] | None = None, wheel_dirs: list[Path] | None = None,
+               variant: str | None = None) -> BuildPlan:
+    """Everything a build needs, every refusal included; nothing touches docker except the local-base lookup.
+    `variant` builds one of the recipe's image variants instead, tagged reference:tag-variant beside the image."""
     image = recipe.image
     if image.source != "build" or image.build is None:
         raise BadInput(f"recipe {recipe.name} pulls {image.reference}: nothing to build")
@@ -197,6 +231,9 @@ def plan_build(recipe: Recipe, lock: Lock, repo_root: Path, base_override: str |
         series = load_series(repo_root / image.build.patch_series)
     refuse_known_bad(recipe, series)
     dockerfile_base_args(repo_root / image.build.context / "Dockerfile")
+    runtime = None
+    if variant is not None:
+        runtime = variant_runtime(recipe, variant, repo_root / image.build.context / "Dockerfile")
 
     if base_override is not None:
         base_image, base_digest = require_pinned_base(base_override)
@@ -230,10 +267,12 @@ def plan_build(recipe: Recipe, lock: Lock, repo_root: Path, base_override: str |
         if base_tree is None or (line is not None and not pinned):
             raise BadInput(f"the lock of {recipe.name} does not name the tree its series is checked against (the "
                            f"base image's vLLM + vendor patch): run b70ctl lock resolve --recipe {recipe.name}")
-    tag = f"{image.reference}:{image.tag}" if image.tag else image.reference
+    suffix = "-".join(part for part in (image.tag, variant) if part)
+    tag = f"{image.reference}:{suffix}" if suffix else image.reference
     return BuildPlan(recipe=recipe.name, image_tag=tag, base_image=base_image, base_digest=base_digest,
                      vllm_version=recipe.vllm_version, series_sha256=series.series_sha256 if series else None,
-                     base_tree=base_tree, files=context_files(recipe, repo_root, series, wheel_dirs))
+                     base_tree=base_tree, variant=variant, compute_runtime=runtime,
+                     files=context_files(recipe, repo_root, series, wheel_dirs))
 
 
 @contextmanager

@@ -136,7 +136,7 @@ def _docker_client() -> Any:
 
 
 def _built_image(recipe_model: Any, lock_model: Any, base: str | None, no_cache: bool,
-                 engine: Callable[[], Any]) -> tuple[Any, str]:
+                 engine: Callable[[], Any], variant: str | None = None) -> tuple[Any, str]:
     """Plan (every refusal first), then build with the engine's layer cache; returns (plan, image id). The engine is
     reached only once the plan stands: an unresolved lock is named whether or not a docker engine runs."""
 
@@ -148,7 +148,8 @@ def _built_image(recipe_model: Any, lock_model: Any, base: str | None, no_cache:
         except ImageNotFound as error:
             raise BadInput(f"local base image {reference} does not exist: build it first") from error
 
-    plan = plan_build(recipe_model, lock_model, _checkout(), base_override=base, local_image_id=local_image_id)
+    plan = plan_build(recipe_model, lock_model, _checkout(), base_override=base, local_image_id=local_image_id,
+                      variant=variant)
     client = engine()
     with Console(stderr=True).status(f"building {plan.image_tag}") as status:
         def progress(line: str) -> None:
@@ -171,6 +172,8 @@ def build(
         help="Build FROM this image instead of the lock's base: name@sha256:<digest> or a local image id")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and print, do not build")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every step again (no layer cache)")] = False,
+    variant: Annotated[str | None, typer.Option(
+        help="Build this image variant of the recipe (image.variants[].name), tagged reference:tag-variant")] = None,
     as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Build the recipe's image through the docker SDK, streaming the build's progress."""
@@ -179,14 +182,16 @@ def build(
         def no_engine(reference: str) -> str:
             raise BadInput(f"base {reference} is built on this host: --dry-run cannot pin it without an engine")
 
-        plan = plan_build(recipe_model, lock_model, _checkout(), base_override=base, local_image_id=no_engine)
+        plan = plan_build(recipe_model, lock_model, _checkout(), base_override=base, local_image_id=no_engine,
+                          variant=variant)
         data = {**plan.model_dump(mode="json"), "build_args": plan.build_args(), "context": plan.context_paths()}
         if as_json:
             _print_json(data)
         else:
             Console().print_json(json.dumps(data))
         return
-    plan, image_id = _built_image(recipe_model, lock_model, base, no_cache, functools.cache(_docker_client))
+    plan, image_id = _built_image(recipe_model, lock_model, base, no_cache, functools.cache(_docker_client),
+                                  variant)
     result = {"image": plan.image_tag, "id": image_id, "labels": plan.expected_labels()}
     if as_json:
         _print_json(result)
