@@ -146,7 +146,8 @@ def published(name: str) -> tuple[list[str], dict[str, str]]:
 @pytest.mark.parametrize("name", ["mtp3-int4-tp2", "mtp8-fp8-tp2", "mtp4-int4-tp1"])
 def test_the_recipe_serves_the_published_command_line(name: str) -> None:
     published_argv, published_env = published(name)
-    command = render_serve(load_recipe(name), CONTEXT)
+    # The published host is one where the record ran with prefix caching on: a host whose gate probe passed.
+    command = render_serve(load_recipe(name), CONTEXT.model_copy(update={"prefix_cache_probe_passed": True}))
     served = normalized(options(command.argv))
     wanted = {flag: value for flag, value in normalized(options(published_argv)).items()
               if flag not in NOT_SERVED and flag not in APPLIANCE_OWN}
@@ -224,10 +225,17 @@ def test_mtp_without_a_drafter_loads_and_dflash_without_one_is_refused() -> None
 
 
 def test_prefix_caching_is_rendered_only_when_the_recipe_says() -> None:
-    assert "--enable-prefix-caching" in render_serve(load_recipe("mtp3-int4-tp2"), CONTEXT).argv
-    assert "--no-enable-prefix-caching" in render_serve(load_recipe("mtp8-fp8-tp2"), CONTEXT).argv
-    untouched = render_serve(load_recipe("dspark-int4-tp1"), CONTEXT).argv
+    """Once the host's gate probe passed; before, every speculating hybrid target serves without it
+    (test_serve_render.py)."""
+    passed = CONTEXT.model_copy(update={"prefix_cache_probe_passed": True})
+    assert "--enable-prefix-caching" in render_serve(load_recipe("mtp3-int4-tp2"), passed).argv
+    assert "--no-enable-prefix-caching" in render_serve(load_recipe("mtp8-fp8-tp2"), passed).argv
+    untouched = render_serve(load_recipe("dspark-int4-tp1"), passed).argv
     assert not any("prefix-caching" in word or word == "--language-model-only" for word in untouched)
+    # Until then the record's own --enable-prefix-caching is replaced, and the command says why.
+    before = render_serve(load_recipe("mtp3-int4-tp2"), CONTEXT)
+    assert "--enable-prefix-caching" not in before.argv and "--no-enable-prefix-caching" in before.argv
+    assert before.prefix_caching is not None and before.prefix_caching.startswith("off:")
 
 
 # ---- every option and vLLM variable exists in the release the recipe pins
