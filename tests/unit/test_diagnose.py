@@ -106,6 +106,18 @@ def test_a_healthy_real_serve_log_matches_nothing() -> None:
     assert diagnosis.failures == [] and diagnosis.harmless == []
 
 
+def test_an_engine_dead_error_is_harmless_only_beside_a_requested_stop() -> None:
+    """The same real log without the engine's signal line: the EngineDeadError is a failure whose cause is not
+    known again (requires holds the harmless reading to the stop)."""
+    stopped = read_log(str(FIXTURES / "real/sigterm-stop.log"))
+    assert diagnose_file("real/sigterm-stop.log").failures == []
+    unexplained = [line for line in stopped if "trigger received signal" not in line.text]
+    diagnosis = diagnose_lines(load_catalogue(), unexplained, ["x"])
+    assert "engine-dead-at-requested-shutdown" not in found_ids(diagnosis)
+    assert diagnosis.unknown is not None and any("EngineDeadError" in line.text
+                                                 for line in diagnosis.unknown.lines)
+
+
 def test_evidence_names_the_line_and_the_fix_comes_from_the_entry() -> None:
     diagnosis = diagnose_file("quoted/ze-ipc-no-p2p.log")
     [match] = diagnosis.failures
