@@ -80,7 +80,8 @@ def test_recipes_check_answers_preflight_for_every_recipe_of_a_play_keyed_as_the
     assert checked["cpu-tiny"]["lock"]["resolved"] is True and checked["cpu-tiny"]["lock_warning"] is None
     assert checked["no-such-recipe"] == {"spec": None, "lock": None, "lock_warning": None, "hub_repos": [],
                                          "error": "unknown recipe 'no-such-recipe': choose one of cpu-tiny, "
-                                                  "dspark-fp8-tp2, dspark-int4-tp1, mtp3-int4-tp2, mtp4-int4-tp1, "
+                                                  "cpu-tiny-ngram, cpu-tiny-target-only, dspark-fp8-tp2, "
+                                                  "dspark-int4-tp1, mtp3-int4-tp2, mtp4-int4-tp1, "
                                                   "mtp8-fp8-tp2, pr620-fp8-tp2 (b70ctl recipes list)"}
     _, status = _status("--recipe", "pr620-fp8-tp2")
     assert checked["pr620-fp8-tp2"]["lock"] == status
