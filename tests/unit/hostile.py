@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import errno
 import io
+import json
 import os
 import re
 import shutil
@@ -207,6 +208,24 @@ def assert_left_clean(root: Path, before: dict[str, tuple[str, int, int]], may_w
     assert not changed, f"written outside the target: {changed}"
     half = sorted(name for name in after if HALF_WRITTEN.search(name.rsplit("/", 1)[-1]))
     assert not half, f"half-written files left: {half}"
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """The plumbing every loopback handler shares: HTTP/1.1 (kept-alive connections, as vLLM's uvicorn), no access
+    log on stderr, and JSON answers with their Content-Length."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's own name
+        pass
+
+    def send_json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
 
 class LoopbackServer:

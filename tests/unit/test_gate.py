@@ -9,7 +9,6 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from b70ctl.report.load import load_report
 from b70ctl.report.markdown import render_markdown
 from b70ctl.report.model import CorrectnessResult, GateResult, PromptComparison
 from b70ctl.verify import VerifyRequest, verify
-from hostile import LoopbackServer
+from hostile import LoopbackServer, QuietHandler
 
 CORRUPT_AT = 5  # the generated token a cache-corrupting server changes
 RESTART_AT = 3  # the generated token a restarted server answers differently
@@ -92,44 +91,32 @@ def decode(tokens: list[int]) -> str:
     return "".join("!" if token == BANG else f"t{token} " for token in tokens)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _json(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+class _Handler(QuietHandler):
 
     def do_GET(self) -> None:
         gate: GateServer = self.server.gate  # type: ignore[attr-defined]
         if self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": gate.model, "object": "model"}]})
+            self.send_json(200, {"object": "list", "data": [{"id": gate.model, "object": "model"}]})
         else:
-            self._json(404, {"detail": "Not Found"})
+            self.send_json(404, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
         gate: GateServer = self.server.gate  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if body.get("model") != gate.model:
-            self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
+            self.send_json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
         elif self.path == "/tokenize" and gate.can_tokenize:
-            self._json(200, {"tokens": tokenize(body["prompt"]), "count": len(body["prompt"])})
+            self.send_json(200, {"tokens": tokenize(body["prompt"]), "count": len(body["prompt"])})
         elif self.path == "/detokenize" and gate.can_detokenize:
-            self._json(200, {"prompt": decode(body["tokens"])})
+            self.send_json(200, {"prompt": decode(body["tokens"])})
         elif self.path == "/v1/completions":
             assert body["temperature"] == 0.0 and body["return_token_ids"] is True
             gate.completions.append(body)
             tokens, text = gate.answer(body["prompt"], body["max_tokens"])
-            self._json(200, {"choices": [{"index": 0, "text": text, "token_ids": tokens, "finish_reason": "length"}],
-                             "usage": {"prompt_tokens": 1, "completion_tokens": len(tokens)}})
+            choice = {"index": 0, "text": text, "token_ids": tokens, "finish_reason": "length"}
+            self.send_json(200, {"choices": [choice], "usage": {"prompt_tokens": 1, "completion_tokens": len(tokens)}})
         else:
-            self._json(404, {"detail": "Not Found"})
+            self.send_json(404, {"detail": "Not Found"})
 
 
 def tiny() -> Recipe:

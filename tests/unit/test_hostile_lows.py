@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 from fleet_factory import make_report, write_host
-from hostile import LoopbackServer, assert_left_clean, assert_one_line_error, run_b70ctl, snapshot
+from hostile import LoopbackServer, QuietHandler, assert_left_clean, assert_one_line_error, run_b70ctl, snapshot
 
 from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
 
@@ -59,12 +58,7 @@ class Overrunning(LoopbackServer):
         self.requests: list[tuple[str, int]] = []
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def _answer(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 path = self.path.split("?")[0]
