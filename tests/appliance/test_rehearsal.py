@@ -1,6 +1,7 @@
-"""The rehearsal of route b (tests/appliance/rehearsal.py; make rehearse): dspark-int4-tp1's own host stage, image,
-units and report on a systemd test host with two emulated B70s, served by vLLM 0.29's CPU build from a stand-in of
-vllm/vllm-openai-xpu:v0.29.0.
+"""The rehearsal of both B70 routes (tests/appliance/rehearsal.py; make rehearse): each recipe's own host stage,
+image, units and report on a systemd test host with two emulated B70s, served by vLLM's CPU build at the base's
+release from a stand-in of that base: route a (pr620-fp8-tp2) on intel/llm-scaler-vllm:0.21.0-b3.1 with vLLM 0.21
+and llm-scaler's multi-arc patch, route b (dspark-int4-tp1) on vllm/vllm-openai-xpu:v0.29.0 with vLLM 0.29.
 
 It fails where a B70 host would fail to start: a unit the image cannot run (the XPU images once exec'd `--model`),
 an image that does not build on its base's layout, a play that refuses the recipe, a server that rejects a rendered
@@ -20,34 +21,44 @@ import pytest
 from b70ctl.serve.rehearsal import recipe_overlay
 from provision import assert_recap, on, start_hosts
 from provision import testhosts as run_testhosts
-from rehearsal import API_KEY, B70CTL, PORT, Rehearsal, rehearse, started_line
+from rehearsal import API_KEY, B70CTL, PORT, STANDINS, Rehearsal, rehearse, started_line
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
 HOST_PREFIX = "b70-reh"
 HOST_SUBNET = "172.30.78.0/24"
-RECIPE = "dspark-int4-tp1"
+# The vLLM release each rehearsed recipe's stand-in carries (its Dockerfile's VLLM_VERSION).
+RELEASES = {"pr620-fp8-tp2": "0.21.", "dspark-int4-tp1": "0.29."}
 
 
-@pytest.fixture(scope="module")
-def rehearsed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Rehearsal, str]]:
+@pytest.fixture(scope="module", params=sorted(STANDINS))
+def rehearsed(request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Rehearsal, str]]:
+    """One recipe's rehearsal on a host of its own (pytest runs every test of one recipe before the next)."""
     if os.geteuid() != 0:
         pytest.fail("the appliance tests need root (they install and start a docker engine): run them as root")
-    work_dir = tmp_path_factory.mktemp("rehearsal")
+    recipe = request.param
+    work_dir = tmp_path_factory.mktemp(f"rehearsal-{recipe}")
     try:
         hosts, ssh_key = start_hosts(HOST_PREFIX, HOST_SUBNET, {1: "b70x2-switch-192gb"}, work_dir,
                                      fresh=os.environ.get("B70_KEEP_TESTHOSTS") != "1")
-        yield rehearse(RECIPE, hosts[0], ssh_key, work_dir, work_dir / "reports"), hosts[0].name
+        yield rehearse(recipe, hosts[0], ssh_key, work_dir, work_dir / "reports"), hosts[0].name
     finally:
         if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
             run_testhosts("down", "--prefix", HOST_PREFIX)
 
 
+def test_every_rehearsed_recipe_has_its_vllm_release() -> None:
+    assert set(RELEASES) == set(STANDINS)
+
+
 def test_the_units_as_rendered_stop_only_at_the_refusal_the_overlay_quotes(rehearsed) -> None:
-    """Unchanged, the rendered speculative server passes vLLM 0.29's parser and SpeculativeConfig (dspark, k=7,
-    probabilistic) and is refused by the CPU build for the reason the overlay gives: no other refusal comes first."""
+    """With every option the overlay drops still in (only the values it replaces set), the rendered speculative
+    server passes vLLM's parser and SpeculativeConfig (route b: dspark, k=7, probabilistic on 0.29; route a: dflash,
+    k=4, the DSpark drafter loaded by the patched 0.21) and is refused by the CPU build for the reason the overlay
+    gives: no other refusal comes first."""
     rehearsal, _ = rehearsed
-    overlay = recipe_overlay(RECIPE)
+    overlay = recipe_overlay(rehearsal.recipe)
     assert rehearsal.unrehearsed.returncode != 0, rehearsal.unrehearsed.output[-3000:]
     for dropped in overlay.drop:
         assert dropped.refusal in rehearsal.unrehearsed_journal, rehearsal.unrehearsed_journal[-4000:]
@@ -66,9 +77,9 @@ def test_the_rehearsed_units_start_through_the_real_exec_start(rehearsed) -> Non
     # The unit's ExecStart is the render for this host, with exactly the overlay's changes.
     topology = remote.file("/etc/b70/topology.json").content_string
     models = remote.file("/etc/b70/models.json").content_string
-    common = ["serve", "units", "--json", "--recipe", RECIPE, "--image", rehearsal.image_id, "--models-record",
-              models, "--config-dir", "/etc/b70/serve", "--user", "b70", "--baseline-unit", "b70-vllm-baseline",
-              "--topology", "-", "--api-key-env-file", "/etc/b70/serve/api-key.env"]
+    common = ["serve", "units", "--json", "--recipe", rehearsal.recipe, "--image", rehearsal.image_id,
+              "--models-record", models, "--config-dir", "/etc/b70/serve", "--user", "b70", "--baseline-unit",
+              "b70-vllm-baseline", "--topology", "-", "--api-key-env-file", "/etc/b70/serve/api-key.env"]
     renders = {}
     for label, extra in (("as rendered", []), ("rehearsed", ["--rehearsal"])):
         result = subprocess.run([str(B70CTL), *common, *extra], input=topology, capture_output=True, text=True,
@@ -82,7 +93,7 @@ def test_the_rehearsed_units_start_through_the_real_exec_start(rehearsed) -> Non
     at = as_rendered.index(rehearsal.image_id)
     # Everything up to the image (docker's options, env files, mounts, devices) is the B70 host's.
     assert rehearsed_words[:at + 1] == as_rendered[:at + 1]
-    overlay = recipe_overlay(RECIPE)
+    overlay = recipe_overlay(rehearsal.recipe)
     expected = list(as_rendered[at + 1:])
     for dropped in overlay.drop:
         index = expected.index(dropped.option)
@@ -103,5 +114,6 @@ def test_verify_reports_the_rehearsal_with_its_exec_start_and_overlay(rehearsed)
     assert "**Rehearsal:**" in report and "removed --speculative-config" in report
     assert data["environment"]["serve_exec_start"] == exec_line.removeprefix("ExecStart=")
     assert data["environment"]["rehearsal"][0].startswith("models: ")
-    assert data["environment"]["vllm_version"] is None or data["environment"]["vllm_version"].startswith("0.29")
+    assert data["environment"]["vllm_version"] is None or \
+        data["environment"]["vllm_version"].startswith(RELEASES[rehearsal.recipe])
     assert API_KEY not in report and str(PORT) in data["endpoint"]

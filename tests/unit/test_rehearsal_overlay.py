@@ -2,7 +2,7 @@
 the models, and server options the CPU build cannot run. These tests hold `b70ctl serve units --rehearsal` to that:
 the units, environment files and container record are the B70 host's, and the server's arguments differ only in
 the overlay's options. Each option it names is one vLLM's own parser knows (the real vLLM in this venv), and the
-refusal it quotes is the one test_rehearsal.py reads from vLLM 0.29 on a test host."""
+refusal it quotes is the one the rehearsal reads from the CPU build on a test host."""
 
 from __future__ import annotations
 
@@ -107,11 +107,39 @@ def test_an_overlay_out_of_date_with_its_recipe_is_refused() -> None:
 def test_rehearsal_of_a_recipe_without_an_overlay_is_one_line_exit_2(tmp_path: Path) -> None:
     root = build_tree(tmp_path, "b70x2-switch")
     topology(root, 2, probe="never", write=True)
-    record = json.dumps(MODELS).replace("{recipe}", "pr620-fp8-tp2")
+    record = json.dumps(MODELS).replace("{recipe}", "mtp3-int4-tp2")
     result = subprocess.run([
-        B70CTL, "serve", "units", "--json", "--recipe", "pr620-fp8-tp2", "--image", "sha256:" + "b" * 64,
+        B70CTL, "serve", "units", "--json", "--recipe", "mtp3-int4-tp2", "--image", "sha256:" + "b" * 64,
         "--models-record", record, "--config-dir", "/etc/b70/serve", "--user", "b70", "--rehearsal",
         "--topology", str(Path(root) / TOPOLOGY_PATH.lstrip("/"))], capture_output=True, text=True)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith("error: --rehearsal: recipe pr620-fp8-tp2 has no rehearsal overlay")
+    assert result.stderr.startswith("error: --rehearsal: recipe mtp3-int4-tp2 has no rehearsal overlay")
     assert len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("recipe", sorted(load_overlay().recipes))
+def test_the_first_start_keeps_every_dropped_option_and_sets_only_the_replaced_values(recipe: str,
+                                                                                       tmp_path: Path) -> None:
+    """--rehearsal-keep-dropped: the rehearsal's first start, whose journal must hold each drop's refusal."""
+    plain = json.loads(host_units(recipe, tmp_path / "plain")["serve_json"])
+    first = json.loads(host_units(recipe, tmp_path / "first", "--rehearsal", "--rehearsal-keep-dropped")["serve_json"])
+    overlay = load_overlay().recipes[recipe]
+    expected = list(plain["argv"])
+    for replaced in overlay.replace:
+        expected[expected.index(replaced.option) + 1] = replaced.value
+    assert first["argv"] == expected
+    assert all(dropped.option in first["argv"] for dropped in overlay.drop)
+    assert first["rehearsal"]["drop"] == [] and first["rehearsal"]["replace"] == [
+        change.model_dump() for change in overlay.replace]
+
+
+def test_keep_dropped_without_a_rehearsal_is_one_line_exit_2(tmp_path: Path) -> None:
+    root = build_tree(tmp_path, "b70x2-switch")
+    topology(root, 1, probe="never", write=True)
+    record = json.dumps(MODELS).replace("{recipe}", "dspark-int4-tp1")
+    result = subprocess.run([
+        B70CTL, "serve", "units", "--json", "--recipe", "dspark-int4-tp1", "--image", "sha256:" + "b" * 64,
+        "--models-record", record, "--config-dir", "/etc/b70/serve", "--user", "b70", "--rehearsal-keep-dropped",
+        "--topology", str(Path(root) / TOPOLOGY_PATH.lstrip("/"))], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "error: --rehearsal-keep-dropped is a kind of --rehearsal: give both\n"

@@ -18,7 +18,7 @@ from b70ctl.host.model import TopologyDocument, load_topology
 from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, env_problem, site_env_problem
-from b70ctl.serve.rehearsal import RecipeOverlay, apply_overlay, recipe_overlay
+from b70ctl.serve.rehearsal import RecipeOverlay, apply_overlay, recipe_overlay, replacements_only
 from b70ctl.serve.render import (DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext,
                                  render_container)
 from b70ctl.models.record import ModelsRecord, parse_models_record
@@ -252,6 +252,10 @@ def units(
         "--rehearsal", help="Render for a rehearsal (make rehearse): drop or reset the options the recipe's overlay "
                             "in serve/rehearsal.yaml lists, which vLLM's CPU build cannot run; serve.json records it")
     ] = False,
+    rehearsal_keep_dropped: Annotated[bool, typer.Option(
+        "--rehearsal-keep-dropped", help="With --rehearsal: set only the values the overlay replaces and keep the "
+                                         "options it drops, to read the CPU build's refusal of each (the "
+                                         "rehearsal's first start)")] = False,
     prefix_cache_probe_passed: Annotated[bool, typer.Option(
         "--prefix-cache-probe-passed", help="The gate's prefix-cache probe passed on this host with prefix caching "
                                             "on: a speculating hybrid target on vLLM >= 0.28.1 may keep it (without: "
@@ -277,7 +281,11 @@ def units(
     loaded = _with_site_env(load_recipe(recipe), site_env)
     document = _topology(topology) if topology is not None else None
     record = parse_models_record(models_record, "--models-record")
+    if rehearsal_keep_dropped and not rehearsal:
+        raise BadInput("--rehearsal-keep-dropped is a kind of --rehearsal: give both")
     overlay = recipe_overlay(loaded.name) if rehearsal else None
+    if overlay is not None and rehearsal_keep_dropped:
+        overlay = replacements_only(overlay)
     recorded_target, recorded_drafter = record.in_container(CONTAINER_MODELS_DIR)
     served_target, served_drafter = model_dir or recorded_target, drafter_dir or recorded_drafter
     if served_drafter is None and loaded.drafter is not None:

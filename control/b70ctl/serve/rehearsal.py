@@ -90,3 +90,10 @@ def apply_overlay(command: ServeCommand, overlay: RecipeOverlay, speculative: bo
         at, words = found
         argv[at:at + words] = [change.option, change.value] if isinstance(change, ReplacedOption) else []
     return command.model_copy(update={"argv": argv})
+
+
+def replacements_only(overlay: RecipeOverlay) -> RecipeOverlay:
+    """The overlay without its drops: the rehearsal's first start, which keeps each option the overlay drops so the
+    CPU build's refusal of it can be read, with the values it replaces (e.g. a tensor-parallel size the CPU build
+    cannot bind) already set, so that no other refusal comes first."""
+    return overlay.model_copy(update={"drop": []})
