@@ -17,6 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import testinfra
+import yaml
 
 from provision import REPO_ROOT, Appliance, HostUnderTest, PlaybookRun, assert_recap, on, run_playbook, serving_pid
 
@@ -25,6 +27,11 @@ from store_fixtures import hub, hub_env, registry, write_recipe  # noqa: E402,F4
 
 from b70ctl.lock.model import load_recipe_and_lock  # noqa: E402
 from b70ctl.lock.resolve import resolve_and_write  # noqa: E402
+from b70ctl.checks.client import Endpoint, VllmClient  # noqa: E402
+from b70ctl.recipes import load_recipe  # noqa: E402
+from b70ctl.tune.cli import _appliance_host  # noqa: E402
+from b70ctl.tune.run import candidates_of  # noqa: E402
+from b70ctl.tune.unit import SshShell, SystemdUnitServing, host_shell  # noqa: E402
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
@@ -161,6 +168,106 @@ def test_reports_collected_on_the_controller_with_host_facts(provisioned) -> Non
     html = (reports / "fleet" / "fleet.html").read_text()
     assert "<svg" in html and "http://" not in html.split("<body", 1)[-1].replace("http://www.w3.org", "")
     assert "no-p2p" in (reports / "fleet" / "fleet.md").read_text()
+
+
+def tune_host_document(appliance: Appliance, host: HostUnderTest, path: Path) -> Path:
+    """What playbooks/tune.yml hands `b70ctl tune --host -` for this host (roles/vllm_serve/tasks/tune.yml): the
+    connection variables as the provisioning inventory has them, and the role's unit as the serving stage left it."""
+    inventory = yaml.safe_load((appliance.work_dir / "provision.yml").read_text())["all"]["children"]["b70_hosts"]
+    hostvars = {**inventory["vars"], **inventory["hosts"][host.name]}
+    document = {"name": host.name,
+                **{variable: hostvars.get(variable) for variable in (
+                    "ansible_connection", "ansible_host", "ansible_port", "ansible_user",
+                    "ansible_ssh_private_key_file", "ansible_ssh_common_args", "ansible_ssh_extra_args")},
+                "unit": "b70-vllm", "port": UNITS["b70-vllm"], "config_dir": "/etc/b70/serve", "etc_dir": "/etc/b70",
+                "baseline_unit": "b70-vllm-baseline", "api_key": None, "health_timeout_s": 900}
+    path.write_text(json.dumps(document))
+    return path
+
+
+def drop_in_exec_start(remote: testinfra.host.Host, drop_in: str) -> list[str]:
+    """The ExecStart systemd reads for the unit: one command only (the drop-in's empty ExecStart= reset the
+    unit's), and it is the drop-in's, as `systemctl cat` shows the drop-in."""
+    shown = remote.check_output("systemctl show -p ExecStart --value b70-vllm")
+    assert shown.count("argv[]=") == 1, shown
+    assert remote.check_output("systemctl show -p DropInPaths --value b70-vllm").split() == [drop_in]
+    catted = remote.check_output("systemctl cat b70-vllm")
+    assert f"# {drop_in}\n" in catted, catted
+    section = catted.split(f"# {drop_in}\n", 1)[1].split("\n# /", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("ExecStart=")]
+    assert lines[0] == "ExecStart=" and len(lines) == 2, section
+    argv = exec_start_argv(lines[1])
+    assert " ".join(argv[:3]) in shown and argv[argv.index("--env-file") + 1] in shown  # the one systemd runs
+    return argv
+
+
+def served_container(remote: testinfra.host.Host) -> dict:
+    """The unit's container as docker runs it on the host."""
+    return json.loads(remote.check_output("docker inspect b70-vllm"))[0]
+
+
+def completes(endpoint: Endpoint) -> None:
+    with VllmClient(endpoint) as client:
+        answer = client.complete("completions", "0 1 2 3 4 5 6 7", max_tokens=8, ignore_eos=True)
+    assert answer["model"] == SERVED_MODEL and answer["choices"][0]["text"], answer
+    assert answer["usage"]["completion_tokens"] == 8, answer
+
+
+def test_tune_serves_its_baseline_and_a_candidate_through_the_unit_then_puts_it_back(provisioned, tmp_path) -> None:
+    """b70ctl tune's own SystemdUnitServing, over SSH from the controller as playbooks/tune.yml runs it: the
+    target-only baseline and the tune space's first candidate, each a runtime drop-in of the appliance's unit, are
+    started for real (unit ExecStart -> docker -> the image's entrypoint -> vLLM) and answer; leaving the tune
+    puts the unit back as the serving stage installed it and starts the baseline unit again."""
+    appliance, _, _ = provisioned
+    host = appliance.host(1)
+    remote = on(host.name)
+    installed_text = remote.file("/etc/systemd/system/b70-vllm.service").content_string
+    installed = exec_start_argv(installed_text)
+    appliance_host = _appliance_host(tune_host_document(appliance, host, tmp_path / "host.json"))
+    assert isinstance(host_shell(appliance_host), SshShell)  # the controller reaches the host as Ansible does
+    recipe = load_recipe("cpu-tiny")
+    progress: list[str] = []
+    unit = SystemdUnitServing(recipe, appliance_host, host_shell(appliance_host), progress=progress.append)
+    image = json.loads(remote.file("/etc/b70/image.json").content_string)["id"]
+    with unit:
+        assert unit.container is not None and unit.container.image == image  # the unit's container.json
+        assert not remote.service("b70-vllm-baseline").is_running  # stopped while the tune measures
+        with unit.baseline() as endpoint:
+            argv = drop_in_exec_start(remote, unit.drop_in)
+            assert argv[argv.index("--env-file") + 1] == unit.env_file
+            container = served_container(remote)
+            assert container["Image"] == image  # images/entrypoint.sh, as the image installs it:
+            assert container["Config"]["Entrypoint"] == ["/usr/local/bin/b70-entrypoint"]
+            assert container["Config"]["Cmd"] == argv[argv.index(image) + 1:]
+            assert "--speculative-config" not in container["Config"]["Cmd"]
+            cmd = container["Config"]["Cmd"]
+            assert recipe.serve.baseline_tensor_parallel_size == 1 and "--tensor-parallel-size" not in cmd  # TP=1
+            completes(endpoint)
+        grid, default = candidates_of(recipe, unit.profile)
+        candidate = next(one for one in grid if one.key != default.key)
+        assert candidate.overrides["num_speculative_tokens"] != 4  # another k than the installed unit's
+        with unit.candidate(candidate) as endpoint:
+            argv = drop_in_exec_start(remote, unit.drop_in)
+            cmd = served_container(remote)["Config"]["Cmd"]
+            assert cmd == argv[argv.index(image) + 1:]
+            config = json.loads(cmd[cmd.index("--speculative-config") + 1])
+            assert config == {"method": candidate.overrides["method"], "model": "/models/drafter",
+                              "num_speculative_tokens": candidate.overrides["num_speculative_tokens"]}
+            assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
+            completes(endpoint)
+            assert remote.check_output("systemctl show -p ActiveState --value b70-vllm") == "active"
+    # The unit as installed: no drop-in, no candidate environment, the installed ExecStart, active and healthy.
+    assert not remote.file(unit.drop_in).exists and not remote.file(unit.env_file).exists
+    assert remote.check_output("systemctl show -p DropInPaths --value b70-vllm") == ""
+    assert remote.check_output("systemctl cat b70-vllm") == (
+        "# /etc/systemd/system/b70-vllm.service\n" + installed_text).strip()
+    assert remote.service("b70-vllm").is_running
+    assert served_container(remote)["Config"]["Cmd"] == installed[installed.index(image) + 1:]
+    assert answers(host.address, 8000) and answers(host.address, 8000, "/v1/models")
+    completes(Endpoint(unit.base_url, model=SERVED_MODEL))
+    assert remote.service("b70-vllm-baseline").is_running
+    wait_until_serving(host.address, UNITS["b70-vllm-baseline"])
+    assert any("restored and healthy" in message for message in progress), progress
 
 
 def test_image_digest_that_does_not_exist_fails_and_serving_stays(provisioned) -> None:
