@@ -12,6 +12,7 @@ plain before .zst before .xz).
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -24,7 +25,7 @@ from b70ctl.host.fit import PlayHost, play_fit
 from b70ctl.host.kernel import kernel_plan
 from b70ctl.host.releases import load_matrix
 from b70ctl.recipes import load_recipe
-from b70host.facts import collect_facts
+from b70host.facts import collect_facts, uc_release_version
 from sysfs_trees import build_tree
 
 POOL = "http://deb.debian.org/debian/pool/non-free-firmware/f/firmware-nonfree/"
@@ -267,3 +268,59 @@ def test_a_stock_24_04_host_gets_the_good_guc_too(guc_blobs, tmp_path) -> None:
     assert "GuC 70.40.2 is below the B70 floor 70.54.0" in plan.reason
     assert ("linux-firmware's own GuC is refused too (GuC 70.44.1 is below the B70 floor 70.54.0): installing GuC "
             "70.72.1") in plan.reason
+
+
+UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
+# {snapshot: linux-firmware's WHENCE, the xe stanza, cut unedited} (tests/fixtures/upstream/README.md names each
+# source). 20260916: WHENCE at a GitHub mirror's commit 0ab00e4, which carries the changes Debian's 20260916-1
+# changelog lists; which commit the tag names is not known here. 20250410 has none: no WHENCE of that time (bmg GuC
+# 70.40.2) was found in what this machine reaches, so that blob is not checked against WHENCE.
+WHENCE = {"20260916": "linux-firmware-WHENCE-0ab00e4-xe-guc.txt"}
+RELEASE_LINE = re.compile(r"(?:GuC|HuC) API/APB ver (\d+\.\d+\.\d+) for .+")
+
+
+def whence_versions(text: str) -> dict[str, str]:
+    """{file: its Version: line}: in WHENCE a Version: line belongs to the File: line above it."""
+    versions: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("File: "):
+            current = line.removeprefix("File: ").strip()
+        elif line.startswith("Version: ") and current is not None:
+            versions[current] = line.removeprefix("Version: ").strip()
+        elif line.startswith("Driver: "):
+            current = None
+    return versions
+
+
+def package_xe_files(snapshot: str) -> dict[str, bytes]:
+    """{xe/<name>: bytes} of every file the snapshot's .deb (fetched and checked by guc_blobs) installs in xe/."""
+    deb = default_cache_dir() / "debs" / BLOBS[snapshot][0]
+    listing = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+    members = subprocess.run(["tar", "-t"], input=listing, capture_output=True, check=True).stdout.decode().split()
+    prefix = "./usr/lib/firmware/"
+    return {member.removeprefix(prefix): subprocess.run(["tar", "-xO", member], input=listing, capture_output=True,
+                                                        check=True).stdout
+            for member in members if member.startswith(prefix + "xe/") and not member.endswith("/")}
+
+
+@pytest.mark.parametrize("snapshot", sorted(WHENCE))
+def test_whence_names_the_guc_the_header_reader_reads_from_the_blob(guc_blobs, snapshot: str) -> None:
+    """linux-firmware's own record of bmg_guc_70.bin's release, against what the facts module reads from the
+    blob's header: the two sources are independent, so a reader that read the wrong field would fail here."""
+    stated = RELEASE_LINE.fullmatch(whence_versions((UPSTREAM / WHENCE[snapshot]).read_text())[GUC])
+    assert stated is not None and stated.group(0).endswith(" for Battlemage")
+    assert uc_release_version(GUC, guc_blobs[snapshot]) == stated.group(1) == BLOBS[snapshot][2]
+
+
+@pytest.mark.parametrize("snapshot", sorted(WHENCE))
+def test_the_whence_stanza_is_the_packages_xe_directory_release_by_release(guc_blobs, snapshot: str) -> None:
+    """The excerpt lists exactly the files the package installs in xe/, and every GuC and HuC release it states is
+    the one the header reader reads from that file (HuC through its CPD directory). GSC and fan_control lines give
+    versions the reader does not read."""
+    versions = whence_versions((UPSTREAM / WHENCE[snapshot]).read_text())
+    files = package_xe_files(snapshot)
+    assert sorted(versions) == sorted(files)
+    stated = {name: found.group(1) for name, line in versions.items() if (found := RELEASE_LINE.fullmatch(line))}
+    assert len(stated) == 7 and GUC in stated and "xe/bmg_huc.bin" in stated
+    assert {name: uc_release_version(name, files[name]) for name in stated} == stated
