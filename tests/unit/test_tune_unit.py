@@ -68,6 +68,9 @@ class EmulatedHost:
         self.root, self.port, self.rates, self.no_start = root, port, rates, no_start
         self.on_restart = on_restart
         self.refused: frozenset[int] = frozenset()  # k whose start systemctl reports as failed
+        # k whose container exits at start: systemd (Restart=on-failure, RestartSec=10) waits to start it again
+        self.dies: frozenset[int] = frozenset()
+        self.sub_state = "running"
         self.calls: list[list[str]] = []
         self.active: set[str] = {UNIT, BASELINE_UNIT}
         self.served: list[list[str]] = []  # the ExecStart argv of every start of UNIT
@@ -123,6 +126,9 @@ class EmulatedHost:
         if self.on_restart is not None:
             self.on_restart(self)
         k = speculative_k(argv)
+        self.sub_state = "auto-restart" if k in self.dies else "running"
+        if k in self.dies:
+            return
         if k in self.refused:
             raise HostCommandFailed(["systemctl", "restart", unit], f"Job for {unit}.service failed")
         if k in self.no_start:
@@ -146,6 +152,9 @@ class EmulatedHost:
         names = [unit.removesuffix(".service") for unit in units]
         if verb == "daemon-reload":
             return ""
+        if verb == "show":  # a manual start sets NRestarts back to 0; the one that died has not been restarted yet
+            assert arguments[1] == "--property=NRestarts,SubState", arguments
+            return f"NRestarts=0\nSubState={self.sub_state if names[-1] == UNIT else 'running'}\n"
         if verb == "is-active":
             if names[0] not in self.active:
                 raise HostCommandFailed(["systemctl", *arguments], "inactive")
@@ -478,6 +487,25 @@ def test_a_candidate_systemd_refuses_to_start_is_disqualified_not_a_crash(host_f
                                                   r"last log line: RuntimeError"):
             with servers.candidate(Candidate(overrides={"num_speculative_tokens": 6})):
                 pass
+    assert_restored(emulated)
+
+
+def test_a_candidate_whose_server_exits_at_start_is_disqualified_at_once_not_after_the_timeout(host_factory):
+    """The role's gate stops at the first death; so does the tune's. Here the health timeout is 30 s: a
+    disqualification that names the death (not "not healthy within 30 s") did not wait for it."""
+    from b70ctl.tune.model import Candidate
+    from b70ctl.tune.serving import CandidateFailed
+
+    emulated, appliance = host_factory()
+    emulated.dies = frozenset({6})
+    with SystemdUnitServing(RECIPE, appliance.model_copy(update={"health_timeout_s": 30.0}), emulated,
+                            poll_s=0.05) as servers:
+        with pytest.raises(CandidateFailed) as failed:
+            with servers.candidate(Candidate(overrides={"num_speculative_tokens": 6})):
+                pass
+    assert failed.value.reason.startswith("b70-vllm's server exited (systemd: auto-restart, 0 restarts) before it "
+                                          "was healthy (no answer"), failed.value.reason
+    assert "last log line: RuntimeError" in failed.value.reason
     assert_restored(emulated)
 
 

@@ -188,8 +188,11 @@ def drop_in_text(label: str, exec_argv: list[str]) -> str:
 
 
 def health_gate(base_url: str, model: str, api_key: str | None, timeout_s: float, poll_s: float = 5.0,
-                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
-    """The role's gate: /health answers 200, then /v1/models lists the served model. CandidateFailed on time out."""
+                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                died: Callable[[], str | None] | None = None) -> None:
+    """The role's gate: /health answers 200, then /v1/models lists the served model. CandidateFailed on time out,
+    or as soon as DIED says the server died (the role's gate stops at the first death too: a unit with
+    Restart=on-failure would otherwise be restarted again and again until the timeout)."""
     deadline = clock() + timeout_s
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     last = "no answer"
@@ -208,6 +211,8 @@ def health_gate(base_url: str, model: str, api_key: str | None, timeout_s: float
                 last = f"/health answered {health.status_code}"
         except (httpx.HTTPError, ValueError, AttributeError) as error:
             last = f"no answer ({type(error).__name__})"
+        if died is not None and (death := died()) is not None:
+            raise CandidateFailed(f"{death} before it was healthy ({last})")
         if clock() >= deadline:
             raise CandidateFailed(f"not healthy within {timeout_s:.0f} s: {last}")
         sleep(poll_s)
@@ -254,6 +259,30 @@ class SystemdUnitServing:
 
     def _systemctl(self, *arguments: str) -> None:
         self.shell.run(["systemctl", *arguments])
+
+    def _restarts(self, unit: str) -> tuple[int, str]:
+        """How many times systemd has restarted UNIT since it was loaded, and its sub-state ("running",
+        "auto-restart" while it waits RestartSec after a death, "failed" when it gave up); (0, "") unreadable."""
+        try:
+            shown = self.shell.run(["systemctl", "show", "--property=NRestarts,SubState", f"{unit}.service"])
+        except HostCommandFailed:
+            return 0, ""
+        values = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+        restarts = values.get("NRestarts", "0")
+        return (int(restarts) if restarts.isdigit() else 0), values.get("SubState", "")
+
+    def _death_watch(self, unit: str) -> Callable[[], str | None]:
+        """DIED for health_gate, made right after a `systemctl restart` (which sets NRestarts back to 0): the
+        server's container exited since (systemd restarted it, waits RestartSec to, or gave up on it)."""
+        before, _ = self._restarts(unit)
+
+        def died() -> str | None:
+            restarts, state = self._restarts(unit)
+            if restarts > before or state in ("auto-restart", "failed"):
+                return f"{unit}'s server exited (systemd: {state or 'restarted'}, {restarts} restarts)"
+            return None
+
+        return died
 
     def _write(self, path: str, text: str, mode: str) -> None:
         # Written beside, then renamed: systemd and docker never read half a file.
@@ -307,8 +336,9 @@ class SystemdUnitServing:
             if self.was_active:
                 self.progress(f"restoring {self.host.unit} as the serving stage installed it")
                 self._systemctl("restart", unit)
+                watch = self._death_watch(self.host.unit)
                 health_gate(self.base_url, self.recipe.serve.served_model_name, self.host.api_key,
-                            self.host.health_timeout_s, self.poll_s)
+                            self.host.health_timeout_s, self.poll_s, died=watch)
             else:
                 self._systemctl("stop", unit)
         except (HostCommandFailed, CandidateFailed) as failure:
@@ -358,8 +388,10 @@ class SystemdUnitServing:
             self._systemctl("restart", f"{self.host.unit}.service")
         except HostCommandFailed as failed:
             raise CandidateFailed(f"systemctl restart failed: {failed.detail}; {self._last_log_line()}") from None
+        watch = self._death_watch(self.host.unit)
         try:
-            health_gate(self.base_url, served_name, self.host.api_key, self.host.health_timeout_s, self.poll_s)
+            health_gate(self.base_url, served_name, self.host.api_key, self.host.health_timeout_s, self.poll_s,
+                        died=watch)
         except CandidateFailed as failed:
             raise CandidateFailed(f"{failed.reason}; {self._last_log_line()}") from None
         yield Endpoint(self.base_url, model=served_name, api_key=self.host.api_key, timeout_s=self.request_timeout_s)
