@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from typing import Iterator
 
 import pytest
 
+from b70ctl.recipes import load_recipe
 from b70ctl.serve.rehearsal import recipe_overlay
-from provision import assert_recap, on, start_hosts
+from provision import REPO_ROOT, assert_recap, on, start_hosts
 from provision import testhosts as run_testhosts
 from rehearsal import API_KEY, B70CTL, PORT, STANDINS, Rehearsal, rehearse, started_line
 
@@ -27,8 +29,14 @@ pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
 HOST_PREFIX = "b70-reh"
 HOST_SUBNET = "172.30.78.0/24"
-# The vLLM release each rehearsed recipe's stand-in carries (its Dockerfile's VLLM_VERSION).
-RELEASES = {"pr620-fp8-tp2": "0.21.", "dspark-int4-tp1": "0.29."}
+
+
+def standin_release(recipe: str) -> str:
+    """The vLLM release line the recipe's stand-in carries: its Dockerfile's VLLM_VERSION default, e.g. "0.21."."""
+    dockerfile = REPO_ROOT / "images" / "standins" / STANDINS[recipe] / "Dockerfile"
+    version = re.search(r"^ARG VLLM_VERSION=(\d+\.\d+)\.", dockerfile.read_text(), re.MULTILINE)
+    assert version is not None, dockerfile
+    return version.group(1) + "."
 
 
 @pytest.fixture(scope="module", params=sorted(STANDINS))
@@ -48,8 +56,9 @@ def rehearsed(request: pytest.FixtureRequest,
             run_testhosts("down", "--prefix", HOST_PREFIX)
 
 
-def test_every_rehearsed_recipe_has_its_vllm_release() -> None:
-    assert set(RELEASES) == set(STANDINS)
+def test_each_stand_in_carries_the_release_line_its_recipe_pins() -> None:
+    for recipe in STANDINS:
+        assert load_recipe(recipe).vllm_version.startswith(standin_release(recipe)), recipe
 
 
 def test_the_units_as_rendered_stop_only_at_the_refusal_the_overlay_quotes(rehearsed) -> None:
@@ -115,5 +124,5 @@ def test_verify_reports_the_rehearsal_with_its_exec_start_and_overlay(rehearsed)
     assert data["environment"]["serve_exec_start"] == exec_line.removeprefix("ExecStart=")
     assert data["environment"]["rehearsal"][0].startswith("models: ")
     assert data["environment"]["vllm_version"] is None or \
-        data["environment"]["vllm_version"].startswith(RELEASES[rehearsal.recipe])
+        data["environment"]["vllm_version"].startswith(standin_release(rehearsal.recipe))
     assert API_KEY not in report and str(PORT) in data["endpoint"]

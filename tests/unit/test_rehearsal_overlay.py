@@ -104,14 +104,19 @@ def test_an_overlay_out_of_date_with_its_recipe_is_refused() -> None:
     assert baseline.argv == ["--model", "m", "--gpu-memory-utilization", "0.05"]
 
 
-def test_rehearsal_of_a_recipe_without_an_overlay_is_one_line_exit_2(tmp_path: Path) -> None:
+def units_command(tmp_path: Path, recipe: str, tensor_parallel: int, *flags: str) -> subprocess.CompletedProcess:
+    """`b70ctl serve units` for RECIPE on a dual-B70 tree, as a process: what an owner sees on stderr and exit."""
     root = build_tree(tmp_path, "b70x2-switch")
-    topology(root, 2, probe="never", write=True)
-    record = json.dumps(MODELS).replace("{recipe}", "mtp3-int4-tp2")
-    result = subprocess.run([
-        B70CTL, "serve", "units", "--json", "--recipe", "mtp3-int4-tp2", "--image", "sha256:" + "b" * 64,
-        "--models-record", record, "--config-dir", "/etc/b70/serve", "--user", "b70", "--rehearsal",
+    topology(root, tensor_parallel, probe="never", write=True)
+    record = json.dumps(MODELS).replace("{recipe}", recipe)
+    return subprocess.run([
+        B70CTL, "serve", "units", "--json", "--recipe", recipe, "--image", "sha256:" + "b" * 64,
+        "--models-record", record, "--config-dir", "/etc/b70/serve", "--user", "b70", *flags,
         "--topology", str(Path(root) / TOPOLOGY_PATH.lstrip("/"))], capture_output=True, text=True)
+
+
+def test_rehearsal_of_a_recipe_without_an_overlay_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = units_command(tmp_path, "mtp3-int4-tp2", 2, "--rehearsal")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("error: --rehearsal: recipe mtp3-int4-tp2 has no rehearsal overlay")
     assert len(result.stderr.splitlines()) == 1
@@ -134,12 +139,6 @@ def test_the_first_start_keeps_every_dropped_option_and_sets_only_the_replaced_v
 
 
 def test_keep_dropped_without_a_rehearsal_is_one_line_exit_2(tmp_path: Path) -> None:
-    root = build_tree(tmp_path, "b70x2-switch")
-    topology(root, 1, probe="never", write=True)
-    record = json.dumps(MODELS).replace("{recipe}", "dspark-int4-tp1")
-    result = subprocess.run([
-        B70CTL, "serve", "units", "--json", "--recipe", "dspark-int4-tp1", "--image", "sha256:" + "b" * 64,
-        "--models-record", record, "--config-dir", "/etc/b70/serve", "--user", "b70", "--rehearsal-keep-dropped",
-        "--topology", str(Path(root) / TOPOLOGY_PATH.lstrip("/"))], capture_output=True, text=True)
+    result = units_command(tmp_path, "dspark-int4-tp1", 1, "--rehearsal-keep-dropped")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "error: --rehearsal-keep-dropped is a kind of --rehearsal: give both\n"
