@@ -1,12 +1,13 @@
 """b70ctl diagnose on the held-out field corpus: logs its catalogue was not written from.
 
-    .venv/bin/python benchmarks/diagnose_heldout.py [--index tests/fixtures/field/heldout/index.yaml] [--json]
+    .venv/bin/python benchmarks/diagnose_heldout.py [--index tests/fixtures/field/heldout-2026-12/index.yaml] [--json]
 
 Runs the real `b70ctl.diagnose` (diagnose_lines over read_log, as tests/unit/test_diagnose_field.py does) on every
 entry of the held-out index and sorts each case by what an owner would be told:
 
-  named right    a failure where a match's id is in `expect` and its fix text (fix, command, env, causes) holds
-                 every `fix_mentions` string; or `expect` is [] and the thread settled on nothing and diagnose
+  named right    a failure where a match's id is in `expect` and the fix it gives holds every `fix_mentions`
+                 string: its fix (text, command, env), or the cause it picked from the log's own evidence; a cause
+                 it only lists does not count. Or `expect` is [] and the thread settled on nothing and diagnose
                  names nothing (an honest "not known")
   named wrong    a failure where diagnose names something, but not that: a confident fix the thread disagrees
                  with, or any fix where the catalogue has no entry for the case
@@ -14,6 +15,12 @@ entry of the held-out index and sorts each case by what an owner would be told:
                  the honest "not known" with the layer, neither a settled fix nor a wrong one
   missed         a failure where diagnose names nothing and a named fix was due
   healthy flagged a healthy run where diagnose names a failure
+
+An index is a list of entries with the keys of tests/fixtures/field/index.yaml (id, kind, url, expect,
+fix_mentions, thread_fix) and, where the set records it, expect_layer; the logs are in logs/ beside it. The
+default is the set being gathered now; a set that has been measured joins tests/fixtures/field/index.yaml with
+its name in `split`, and can be measured again (as build material, no longer held out) from an index of those
+entries written elsewhere with a logs/ link to tests/fixtures/field/logs.
 
 The layer column compares `expect_layer` with the layers diagnose gives (its matches' layers, else the layers
 of the lines it could not name), where this version of diagnose gives any.
@@ -36,7 +43,7 @@ from b70ctl.diagnose import Diagnosis, Match, diagnose_lines, load_catalogue
 from b70ctl.diagnose.collect import read_log
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_INDEX = REPO / "tests" / "fixtures" / "field" / "heldout" / "index.yaml"
+DEFAULT_INDEX = REPO / "tests" / "fixtures" / "field" / "heldout-2026-12" / "index.yaml"
 VERDICTS = ("named right", "named wrong", "layer only", "missed", "healthy clean", "healthy flagged")
 # Catalogue entries renamed after the index was written: the same entry under its new id.
 RENAMED = {"ur-out-of-device-memory-multi-gpu": "device-out-of-memory"}
@@ -47,8 +54,15 @@ HELDOUT_LAYER = {"kernel-driver": "kernel-firmware-pcie", "level-zero": "level-z
 
 
 def fix_text(match: Match) -> str:
-    """Everything diagnose prints as the way out of a match (the same text test_diagnose_field.py reads)."""
-    return json.dumps(match.model_dump(include={"fix", "causes"}, mode="json"))
+    """The way out diagnose gives for a match: its fix (the picked cause's where it picked one) and the cause it
+    picked from the log's evidence. The causes it only lists are not a fix given, so they are left out (the field
+    test, which holds an entry's whole text to its thread, reads them too)."""
+    picked = getattr(match, "picked_cause", None)
+    given: dict[str, Any] = {"fix": match.fix.model_dump(mode="json")}
+    causes = getattr(match, "causes", None) or []
+    if picked is not None and 0 <= picked < len(causes):
+        given["picked_cause"] = causes[picked].model_dump(mode="json")
+    return json.dumps(given)
 
 
 def settled_on_nothing(entry: dict[str, Any]) -> bool:
@@ -144,7 +158,8 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--index", type=Path, default=DEFAULT_INDEX, help="the held-out index.yaml")
+    parser.add_argument("--index", type=Path, default=DEFAULT_INDEX,
+                        help="the held-out index.yaml (default: the set being gathered, %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     args = parser.parse_args(argv)
     result = run(args.index)
