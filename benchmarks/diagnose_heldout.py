@@ -7,8 +7,10 @@ entry of the held-out index and sorts each case by what an owner would be told:
 
   named right    a failure where a match's id is in `expect` and the fix it gives holds every `fix_mentions`
                  string: its fix (text, command, env), or the cause it picked from the log's own evidence; a cause
-                 it only lists does not count. Or `expect` is [] and the thread settled on nothing and diagnose
-                 names nothing (an honest "not known")
+                 it only lists does not count. Where `expect` is [] (none of the entries the collector was
+                 shown had the failure's subject) but the thread settled on a fix, any specific entry whose given
+                 fix holds them. Or `expect` is [] and the thread settled on nothing and diagnose names nothing
+                 (an honest "not known")
   named wrong    a failure where diagnose names something, but not that: a confident fix the thread disagrees
                  with, or any fix where the catalogue has no entry for the case
   layer only     a failure where diagnose gives only a layer's generic entry (its first step whatever the cause):
@@ -75,7 +77,10 @@ def verdict(entry: dict[str, Any], diagnosis: Diagnosis) -> str:
     # A generic entry (diagnose's model marks them) names a layer, not a cause.
     named = [match for match in diagnosis.failures if not getattr(match, "generic", False)]
     expect = {RENAMED.get(name, name) for name in entry["expect"]}
-    agreeing = [match for match in named if match.id in expect
+    # `expect` was chosen from the entries the collector was shown. Where none was the failure's subject ([]) but
+    # the thread settled on a fix, an entry written since is right when the fix it gives is the thread's.
+    any_entry = not expect and bool(entry["fix_mentions"])
+    agreeing = [match for match in named if (match.id in expect or any_entry)
                 and all(mention in fix_text(match) for mention in entry["fix_mentions"])]
     if agreeing:
         return "named right"
