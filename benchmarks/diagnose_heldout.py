@@ -1,6 +1,6 @@
 """b70ctl diagnose on the held-out field corpus: logs its catalogue was not written from.
 
-    .venv/bin/python benchmarks/diagnose_heldout.py [--index tests/fixtures/field/heldout-2026-12/index.yaml] [--json]
+    .venv/bin/python benchmarks/diagnose_heldout.py [--index tests/fixtures/field/heldout-2026-12b/index.yaml] [--json]
 
 Runs the real `b70ctl.diagnose` (diagnose_lines over read_log, as tests/unit/test_diagnose_field.py does) on every
 entry of the held-out index and sorts each case by what an owner would be told:
@@ -45,7 +45,7 @@ from b70ctl.diagnose import Diagnosis, Match, diagnose_lines, load_catalogue
 from b70ctl.diagnose.collect import read_log
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_INDEX = REPO / "tests" / "fixtures" / "field" / "heldout-2026-12" / "index.yaml"
+DEFAULT_INDEX = REPO / "tests" / "fixtures" / "field" / "heldout-2026-12b" / "index.yaml"
 VERDICTS = ("named right", "named wrong", "layer only", "missed", "healthy clean", "healthy flagged")
 # Catalogue entries renamed after the index was written: the same entry under its new id.
 RENAMED = {"ur-out-of-device-memory-multi-gpu": "device-out-of-memory"}
