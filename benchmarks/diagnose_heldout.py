@@ -119,6 +119,7 @@ def run(index: Path) -> dict[str, Any]:
             "layers": layers,
             "layer_right": None if entry["kind"] == "healthy" or not layers else entry.get("expect_layer") in layers,
             "verdict": verdict(entry, diagnosis),
+            "thread_settled": not settled_on_nothing(entry),
         })
     failures = [case for case in cases if case["kind"] == "failure"]
     healthy = [case for case in cases if case["kind"] == "healthy"]
@@ -130,6 +131,10 @@ def run(index: Path) -> dict[str, Any]:
         "counts": counts,
         "named_right_share": counts["named right"] / len(failures) if failures else None,
         "named_wrong_share": counts["named wrong"] / len(failures) if failures else None,
+        # Of the named wrong: a specific fix where the thread settled nothing (not known to be wrong, but a
+        # confidence the evidence does not back), and a fix other than the one the thread settled on.
+        "wrong_where_nothing_settled": sum(case["verdict"] == "named wrong" and not case["thread_settled"]
+                                           for case in failures),
         "layer_given": sum(case["layer_right"] is not None for case in failures),
         "layer_right": sum(case["layer_right"] is True for case in failures),
         "cases": cases,
@@ -152,7 +157,9 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"Held-out failures {failures}, healthy runs {healthy} ({result['index']})",
         f"named with the settled fix: {share(counts['named right'], failures)}",
-        f"named wrong:                {share(counts['named wrong'], failures)}",
+        f"named wrong:                {share(counts['named wrong'], failures)}"
+        f" ({result['wrong_where_nothing_settled']} where the thread settled nothing,"
+        f" {counts['named wrong'] - result['wrong_where_nothing_settled']} against the fix it settled on)",
         f"layer only:                 {share(counts['layer only'], failures)}",
         f"missed:                     {share(counts['missed'], failures)}",
         f"healthy flagged:            {share(counts['healthy flagged'], healthy)}",
