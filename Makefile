@@ -22,12 +22,14 @@ demo: $(INSTALLED)
 
 # The static gate first (seconds): ruff, and mypy --strict over b70ctl and b70host (pyproject.toml configures both). Then the
 # unit tests two at a time, one file per worker (nothing there serves vLLM or starts a test host, and most of their
-# time is spent waiting on subprocesses and sockets), and last, one at a time, the tests that start real vLLM servers
-# and systemd test hosts, which use both cores by themselves.
+# time is spent waiting on subprocesses and sockets), in name order: the image builds (test_base_images.py,
+# test_dockerfiles.py) start first, one on each worker, rather than last, where xdist's default order (most tests
+# first) puts them. Last, one at a time, the tests that start real vLLM servers and systemd test hosts, which use
+# both cores by themselves.
 test: $(INSTALLED)
 	$(VENV)/bin/ruff check control tests scripts benchmarks roles
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest --numprocesses 2 --dist loadfile tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --numprocesses 2 --dist loadfile --no-loadscope-reorder tests/unit $(PYTEST_ARGS)
 	$(VENV)/bin/pytest tests/appliance tests/vllm $(PYTEST_ARGS)
 
 clean:
