@@ -88,6 +88,11 @@ def test_every_catalogue_entry_has_a_fixture() -> None:
     # The field corpus (tests/fixtures/field/index.yaml, checked by test_diagnose_field.py) counts too.
     field = yaml.safe_load((FIXTURES.parent / "field" / "index.yaml").read_text()) or []
     covered = set().union(*expected_fixtures().values(), *(set(entry["expect"]) for entry in field))
+    # A harmless entry is covered too by a healthy field log it explains (a healthy entry expects no failure).
+    for entry in field:
+        if entry["kind"] == "healthy":
+            log = FIXTURES.parent / "field" / "logs" / f"{entry['id']}.log"
+            covered |= {match.id for match in diagnose_lines(load_catalogue(), read_log(str(log)), [log.name]).harmless}
     assert {signature.id for signature in load_catalogue().signatures} == covered
 
 
@@ -356,7 +361,8 @@ def test_several_settled_causes_are_printed_in_order_and_in_json() -> None:
 def test_stdin_is_read_with_dash() -> None:
     text = (FIXTURES / "quoted/tp2-hang.log").read_text()
     result = CliRunner().invoke(app, ["diagnose", "--log", "-", "--json"], input=text)
-    assert result.exit_code == 1
+    # The wait alone shows none of tp2-hang's causes: its layer's first step, exit 3 (failure, cause unknown).
+    assert result.exit_code == 3
     assert json.loads(result.stdout)["failures"][0]["evidence"][0]["log"] == "stdin"
 
 
@@ -646,3 +652,30 @@ def test_no_xpu_device_with_an_unreadable_render_node_picks_the_device_nodes(tmp
     assert not any(match.generic for match in found.failures)  # the specific entry speaks, not the layer's
     [alone] = diagnose_lines(load_catalogue(), read_log(str(field_log)), ["log"]).failures
     assert alone.picked_cause is None and "LD_LIBRARY_PATH" in alone.fix.text
+
+
+def test_a_lost_device_names_a_cause_only_on_its_own_line(tmp_path: Path) -> None:
+    # UR_RESULT_ERROR_DEVICE_LOST alone: the Level Zero layer's first step (read the kernel log), exit 3, no remedy.
+    log = tmp_path / "serve.log"
+    log.write_text("RuntimeError: level_zero backend failed with error: 20 (UR_RESULT_ERROR_DEVICE_LOST)\n")
+    [lost] = [m for m in diagnose_lines(load_catalogue(), read_log(str(log)), ["log"]).failures
+              if m.id == "device-lost"]
+    assert lost.generic and lost.picked_cause is None
+    # With the devcoredump's GuC line the GuC cause is picked and the entry speaks as a specific one.
+    log.write_text(log.read_text() + "GuC version: 70.58.0 (wanted 70.54.0)\n")
+    [lost] = [m for m in diagnose_lines(load_catalogue(), read_log(str(log)), ["log"]).failures
+              if m.id == "device-lost"]
+    assert not lost.generic and "GuC" in lost.causes[lost.picked_cause or 0].cause and lost.picked_cause == 1
+
+
+def test_a_sycl_soname_major_is_not_read_as_an_unsourced_environment(tmp_path: Path) -> None:
+    # libsycl.so.7 missing may be an unloaded environment or a binary built for another oneAPI release: the line does
+    # not say which, so the layer's answer lists both; an unversioned oneCCL library is the environment's.
+    log = tmp_path / "serve.log"
+    log.write_text("./ollama: error while loading shared libraries: libsycl.so.7: cannot open shared object file: "
+                   "No such file or directory\n")
+    found = diagnose_lines(load_catalogue(), read_log(str(log)), ["log"]).failures
+    assert [(m.id, m.generic) for m in found] == [("sycl-runtime-soname-not-found", True)]
+    log.write_text("Cannot open plugin library: libccl.so.1: cannot open shared object file\n")
+    found = diagnose_lines(load_catalogue(), read_log(str(log)), ["log"]).failures
+    assert [m.id for m in found] == ["oneapi-environment-not-sourced"]

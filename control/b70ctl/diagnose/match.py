@@ -271,7 +271,9 @@ class _Watch:
                      fix=fix, causes=signature.causes, picked_cause=picked,
                      cause_evidence=[line for line in self.cause_lines[picked:picked + 1] if line is not None]
                      if picked is not None else [],
-                     layer=signature.layer, generic=signature.generic, sources=signature.sources,
+                     layer=signature.layer,
+                     generic=signature.generic or (signature.generic_unless_picked and picked is None),
+                     sources=signature.sources,
                      applies_to=signature.applies_to, evidence=self.evidence, evidence_count=self.count)
 
 

@@ -121,6 +121,10 @@ class Signature(_Model):
     # A layer's generic entry: its fix is the first step whatever the specific cause, and it is reported only when
     # no specific failure matched.
     generic: bool = False
+    # An entry whose lines have several causes and whose first fix is only a first step (a lost device: read the
+    # kernel log): it is reported as its layer's generic entry unless the log shows one cause's own evidence, so
+    # a line that cannot tell the causes apart gives the layer and that step, never a cause's remedy.
+    generic_unless_picked: bool = False
     patterns: list[Pattern] = Field(min_length=1)
     # Result codes (ZE_RESULT_* / UR_RESULT_*) that are evidence too, in serve lines, by name or by number.
     codes: list[str] = Field(default_factory=list)
@@ -164,8 +168,10 @@ class Signature(_Model):
             raise ValueError(f"{self.id}: a harmless entry has no causes")
         if self.causes and self.causes[0].fix != self.fix:
             raise ValueError(f"{self.id}: fix must be the first (most likely) cause's fix")
-        if self.generic and self.layer is None:
+        if (self.generic or self.generic_unless_picked) and self.layer is None:
             raise ValueError(f"{self.id}: a generic entry names its layer")
+        if self.generic_unless_picked and not any(cause.evidence for cause in self.causes):
+            raise ValueError(f"{self.id}: generic_unless_picked needs a cause with its own evidence")
         return self
 
 
