@@ -1,6 +1,10 @@
 """b70ctl diagnose on the held-out field corpus: logs its catalogue was not written from.
 
-    .venv/bin/python benchmarks/diagnose_heldout.py [--index tests/fixtures/field/heldout-2026-12b/index.yaml] [--json]
+    .venv/bin/python benchmarks/diagnose_heldout.py [--index INDEX] [--json]
+
+With no --index it measures the set waiting to be measured, tests/fixtures/field/heldout-next/index.yaml, which the
+next collector creates; when there is none (every set gathered so far has been measured and joined the corpus) it
+says so on one line and exits 2.
 
 Runs the real `b70ctl.diagnose` (diagnose_lines over read_log, as tests/unit/test_diagnose_field.py does) on every
 entry of the held-out index and sorts each case by what an owner would be told:
@@ -20,9 +24,9 @@ entry of the held-out index and sorts each case by what an owner would be told:
 
 An index is a list of entries with the keys of tests/fixtures/field/index.yaml (id, kind, url, expect,
 fix_mentions, thread_fix) and, where the set records it, expect_layer; the logs are in logs/ beside it. The
-default is the set being gathered now; a set that has been measured joins tests/fixtures/field/index.yaml with
-its name in `split`, and can be measured again (as build material, no longer held out) from an index of those
-entries written elsewhere with a logs/ link to tests/fixtures/field/logs.
+default is the set waiting to be measured (heldout-next); a set that has been measured joins
+tests/fixtures/field/index.yaml with its name in `split`, and can be measured again (as build material, no longer
+held out) from an index of those entries written elsewhere with a logs/ link to tests/fixtures/field/logs.
 
 The layer column compares `expect_layer` with the layers diagnose gives (its matches' layers, else the layers
 of the lines it could not name), where this version of diagnose gives any.
@@ -45,7 +49,9 @@ from b70ctl.diagnose import Diagnosis, Match, diagnose_lines, load_catalogue
 from b70ctl.diagnose.collect import read_log
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_INDEX = REPO / "tests" / "fixtures" / "field" / "heldout-2026-12b" / "index.yaml"
+# Where the next held-out set is gathered; absent while no set waits to be measured (each measured set joins
+# tests/fixtures/field/index.yaml and its directory is removed).
+DEFAULT_INDEX = REPO / "tests" / "fixtures" / "field" / "heldout-next" / "index.yaml"
 VERDICTS = ("named right", "named wrong", "layer only", "missed", "healthy clean", "healthy flagged")
 # Catalogue entries renamed after the index was written: the same entry under its new id.
 RENAMED = {"ur-out-of-device-memory-multi-gpu": "device-out-of-memory"}
@@ -169,12 +175,23 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--index", type=Path, default=DEFAULT_INDEX,
-                        help="the held-out index.yaml (default: the set being gathered, %(default)s)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        epilog=f"With no --index and no held-out set waiting to be measured ({DEFAULT_INDEX.relative_to(REPO)}, "
+               "which the next collector creates), it says so and exits 2.")
+    parser.add_argument("--index", type=Path, default=None,
+                        help="the held-out index.yaml (default: the set waiting to be measured, "
+                             f"{DEFAULT_INDEX.relative_to(REPO)}, when there is one)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     args = parser.parse_args(argv)
-    result = run(args.index)
+    index = args.index
+    if index is None:
+        if not DEFAULT_INDEX.is_file():
+            print(f"diagnose_heldout: no held-out set is waiting to be measured ({DEFAULT_INDEX.relative_to(REPO)}"
+                  " does not exist); give --index", file=sys.stderr)
+            return 2
+        index = DEFAULT_INDEX
+    result = run(index)
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0
 
