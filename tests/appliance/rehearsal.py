@@ -5,8 +5,8 @@ What is real: the plays (host, serve, verify), the unit b70ctl renders for the h
 systemd starts, images/entrypoint.sh, the recipe's own Dockerfile built unchanged FROM a stand-in of its base
 (images/standins/), and vLLM at the base's release, whose CPU build serves tiny generated models. What differs from
 a B70 host is one overlay, control/b70ctl/serve/rehearsal.yaml: the models, and the options the CPU build refuses.
-Before the overlay is applied in full, the recipe's units are started once with every option it drops still in
-(only the values it replaces set), and the refusal the overlay quotes for each must be what stops them.
+Before the overlay is applied in full, the recipe's speculative unit is started once with every option it drops
+still in (only the values it replaces set), and the refusal the overlay quotes for each must be what stops it.
 
 No pytest here: scripts/rehearse runs this for an owner, the test asserts on what it returns.
 """
@@ -159,15 +159,22 @@ def dspark_drafter(target_dir: Path, out: Path) -> None:
     partial.rename(out)
 
 
-def load_image(host: str, image: str, work_dir: Path) -> None:
+def load_image(host: str, image: str) -> None:
+    """IMAGE into HOST's docker engine, streamed from this machine's (`docker save | docker load`, as an owner moves
+    an image to a host without a registry): no archive of several GB is written and read back."""
     if on(host).run(f"docker image inspect {image}").rc == 0:
         return
-    archive = work_dir / f"{image.removeprefix('sha256:')[:12]}.tar"
-    if not archive.exists():
-        subprocess.run(["docker", "save", "--output", str(archive), image], check=True)
-    with archive.open("rb") as stream:
-        subprocess.run(["docker", "exec", "-i", host, "docker", "load", "--quiet"], stdin=stream, check=True,
-                       capture_output=True)
+    save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+    assert save.stdout is not None
+    try:
+        loaded = subprocess.run(["docker", "exec", "-i", host, "docker", "load", "--quiet"], stdin=save.stdout,
+                                capture_output=True)
+    finally:
+        save.stdout.close()
+        saved = save.wait()
+    if saved != 0 or loaded.returncode != 0:
+        raise RuntimeError(f"docker save {image} | docker load on {host}: save exit {saved}, load exit "
+                           f"{loaded.returncode}: {loaded.stderr.decode(errors='replace')[-2000:]}")
 
 
 def place_models(host: str, recipe: str, models_dir: Path) -> None:
@@ -190,6 +197,16 @@ def host_shm(host: str, size: str = "4g") -> None:
     the unit runs the server with --ipc=host, and vLLM's engine needs more than 64 MiB there ("Insufficient space
     in /dev/shm")."""
     subprocess.run(["docker", "exec", host, "mount", "-o", f"remount,size={size}", "/dev/shm"], check=True)
+
+
+def forget_serving(host: str) -> None:
+    """HOST as if it had never served: the serving units stopped and removed, and no last-good configuration (the
+    role's defaults: /etc/b70/serve). A second recipe rehearsed on the same host then starts as the first did; a
+    failed start has nothing to roll back to, as on a host that never served."""
+    units = "b70-vllm b70-vllm-baseline"
+    on(host).run(f"systemctl disable --now {units}; rm -f /etc/systemd/system/b70-vllm.service "
+                 "/etc/systemd/system/b70-vllm-baseline.service; rm -rf /etc/b70/serve/last-good; "
+                 f"systemctl daemon-reload; systemctl reset-failed {units}")
 
 
 def journal(host: str, unit: str = "b70-vllm") -> str:
@@ -224,7 +241,7 @@ def rehearse(recipe: str, host: HostUnderTest, ssh_key: str, work_dir: Path, rep
     built = build_recipe_image(recipe, base_id)
     step("tiny models")
     models_dir = rehearsal_models(recipe)
-    load_image(host.name, built, work_dir)
+    load_image(host.name, built)
     make_dri_nodes(host.name)
     host_shm(host.name)
     place_models(host.name, recipe, models_dir)
@@ -234,11 +251,14 @@ def rehearse(recipe: str, host: HostUnderTest, ssh_key: str, work_dir: Path, rep
         # The shipped B70 locks are unresolved; a rehearsal uses neither the locked image nor the locked models.
         "preflight_allow_unresolved_lock": True, "vllm_serve_baseline": True}
 
-    step("serve stage, units as rendered with the overlay's replaced values only (the CPU build must refuse each "
-         "option the overlay drops, as it says)")
+    step("serve stage, the speculative unit as rendered with the overlay's replaced values only (the CPU build "
+         "must refuse each option the overlay drops, as it says)")
     on(host.name).run("journalctl --rotate --vacuum-time=1s; systemctl reset-failed b70-vllm")
-    unrehearsed = run_playbook(inventory("rehearsal-serve-as-rendered", **serve_vars, vllm_serve_rehearsal=True,
-                                         vllm_serve_rehearsal_keep_dropped=True), playbook="playbooks/serve.yml")
+    # The speculative unit alone: its refusal is what this start reads, and a baseline starting beside it on the
+    # same cores would only delay it (the baseline starts with the overlay below).
+    unrehearsed = run_playbook(inventory("rehearsal-serve-as-rendered", **{**serve_vars, "vllm_serve_baseline": False},
+                                         vllm_serve_rehearsal=True, vllm_serve_rehearsal_keep_dropped=True),
+                               playbook="playbooks/serve.yml")
     unrehearsed_journal = journal(host.name)
     refusals = [dropped.refusal for dropped in overlay.drop]
     step(f"as rendered: play exit {unrehearsed.returncode}; the journal holds the overlay's refusals: "

@@ -15,15 +15,16 @@ import os
 import re
 import shlex
 import subprocess
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.rehearsal import recipe_overlay
-from provision import REPO_ROOT, assert_recap, on, start_hosts
+from provision import REPO_ROOT, HostUnderTest, assert_recap, on, start_hosts
 from provision import testhosts as run_testhosts
-from rehearsal import API_KEY, B70CTL, PORT, STANDINS, Rehearsal, rehearse, started_line
+from rehearsal import API_KEY, B70CTL, PORT, STANDINS, Rehearsal, forget_serving, rehearse, started_line
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 
@@ -39,21 +40,31 @@ def standin_release(recipe: str) -> str:
     return version.group(1) + "."
 
 
-@pytest.fixture(scope="module", params=sorted(STANDINS))
-def rehearsed(request: pytest.FixtureRequest,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Rehearsal, str]]:
-    """One recipe's rehearsal on a host of its own (pytest runs every test of one recipe before the next)."""
+@pytest.fixture(scope="module")
+def rehearsal_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HostUnderTest, str, Path]]:
+    """One systemd test host with two emulated B70s for both routes (make rehearse gives each its own): what a
+    route leaves on it is removed before the next (rehearsal.forget_serving)."""
     if os.geteuid() != 0:
         pytest.fail("the appliance tests need root (they install and start a docker engine): run them as root")
-    recipe = request.param
-    work_dir = tmp_path_factory.mktemp(f"rehearsal-{recipe}")
+    work_dir = tmp_path_factory.mktemp("rehearsal")
     try:
         hosts, ssh_key = start_hosts(HOST_PREFIX, HOST_SUBNET, {1: "b70x2-switch-192gb"}, work_dir,
                                      fresh=os.environ.get("B70_KEEP_TESTHOSTS") != "1")
-        yield rehearse(recipe, hosts[0], ssh_key, work_dir, work_dir / "reports"), hosts[0].name
+        yield hosts[0], ssh_key, work_dir
     finally:
         if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
             run_testhosts("down", "--prefix", HOST_PREFIX)
+
+
+@pytest.fixture(scope="module", params=sorted(STANDINS))
+def rehearsed(request: pytest.FixtureRequest, rehearsal_host) -> tuple[Rehearsal, str]:
+    """One recipe's rehearsal (pytest runs every test of one recipe before the next)."""
+    host, ssh_key, work_dir = rehearsal_host
+    recipe = request.param
+    forget_serving(host.name)
+    recipe_dir = work_dir / recipe
+    recipe_dir.mkdir()
+    return rehearse(recipe, host, ssh_key, recipe_dir, recipe_dir / "reports"), host.name
 
 
 def test_each_stand_in_carries_the_release_line_its_recipe_pins() -> None:
