@@ -37,9 +37,24 @@ def _release_hosts() -> None:
             testhosts("down", "--prefix", prefix)
 
 
+# The rehearsal brings up a test host of its own and serves two routes' real images on it: it runs after every test
+# of the shared hosts, which are gone by then (their four vLLM servers would hold about 10 GB of its RAM).
+REHEARSAL = HERE / "test_rehearsal.py"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rehearsal = [item for item in items if Path(item.path).resolve() == REHEARSAL]
+    rest = [item for item in items if Path(item.path).resolve() != REHEARSAL]
+    here = [index for index, item in enumerate(rest) if HERE in Path(item.path).resolve().parents]
+    if rehearsal and here:
+        items[:] = rest[:here[-1] + 1] + rehearsal + rest[here[-1] + 1:]
+
+
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Leaving this directory: the session fixture's hosts go now, not at the end of the whole session."""
-    if nextitem is None or HERE not in Path(nextitem.path).resolve().parents:
+    """Leaving the shared hosts' tests (for the rehearsal, or this directory): their hosts go now, not at the end of
+    the whole session."""
+    if nextitem is None or HERE not in Path(nextitem.path).resolve().parents \
+            or Path(nextitem.path).resolve() == REHEARSAL:
         _release_hosts()
 
 
