@@ -28,7 +28,7 @@ from b70ctl.recipes import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "appliance"))
-from rehearsal import STANDINS, build_standin  # noqa: E402
+from rehearsal import STANDINS, build_standin, image_id  # noqa: E402
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1800)]  # a fresh machine downloads each base's vLLM
 
@@ -148,9 +148,7 @@ def test_route_a_build_fails_naming_the_patch_when_the_base_moved(standins, buil
                                          "RUN python /tmp/move.py && rm /tmp/move.py\n")
     subprocess.run(["docker", "build", "--quiet", "--tag", "localhost/b70-test/route-a-stand-in:moved",
                     str(tmp_path)], check=True, capture_output=True, text=True)
-    moved = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}",
-                            "localhost/b70-test/route-a-stand-in:moved"], check=True, capture_output=True,
-                           text=True).stdout.strip()
+    moved = image_id("localhost/b70-test/route-a-stand-in:moved")
     code, _, err = _build_route_a(moved, monkeypatch, capsys)
     assert code == 1
     assert "applied 0002-qwen3-dflash-dspark-draft-model.patch" in err
