@@ -8,14 +8,14 @@ import importlib.util
 import sys
 import tempfile
 import types
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from vllm_import import builtin_sys_intern
 
 PATCHED_MODEL_FILE = "vllm/model_executor/models/qwen3_dflash.py"
 PATCHED_PROPOSER_FILE = "vllm/v1/spec_decode/dflash.py"
@@ -58,24 +58,9 @@ def ported_proposer_functions(patched_root: Path) -> dict[str, Any]:
     return found
 
 
-@contextmanager
-def _builtin_sys_intern() -> Iterator[None]:
-    """Import vLLM with the builtin sys.intern. Ansible's module_utils, once any test of this pytest worker has
-    imported them (the role's plugins and modules are tested in-process), replace sys.intern with a callable object
-    (ansible.module_utils._internal._patches.SysInternPatch), and torch's dynamo, which vLLM imports, refuses to
-    register its polyfill for anything but a function: "substitute_in_graph expects a function". Which worker ran
-    what first must not decide a test, so the patch is set aside for the import and put back after it."""
-    current = sys.intern
-    sys.intern = getattr(current, "unpatched_implementation", current)
-    try:
-        yield
-    finally:
-        sys.intern = current
-
-
 def ensure_vllm_runtime() -> None:
     """A single-process tensor-parallel group, as vLLM's layers expect (gloo, file rendezvous: no port)."""
-    with _builtin_sys_intern():
+    with builtin_sys_intern():
         from vllm.config import VllmConfig, set_current_vllm_config
         from vllm.distributed import parallel_state
 

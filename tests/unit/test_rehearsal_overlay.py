@@ -21,6 +21,7 @@ from b70ctl.serve.rehearsal import OVERLAY_PATH, apply_overlay, load_overlay
 from b70ctl.serve.render import ServeCommand
 from b70host.topology import TOPOLOGY_PATH, topology
 from sysfs_trees import build_tree
+from vllm_import import builtin_sys_intern
 
 B70CTL = str(Path(sys.executable).with_name("b70ctl"))
 MODELS = {"target": {"path": "/var/lib/b70/models/{recipe}/target", "revision": "r1"},
@@ -69,8 +70,9 @@ def test_the_overlay_changes_only_the_options_it_lists(recipe: str, tmp_path: Pa
 
 
 def test_every_option_the_overlay_names_is_one_of_vllms_own() -> None:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    with builtin_sys_intern():
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     known = {option for action in make_arg_parser(FlexibleArgumentParser())._actions
              for option in action.option_strings}

@@ -12,6 +12,7 @@ import yaml
 from b70ctl.errors import BadInput
 from b70ctl.recipes import load_recipe, load_recipe_file, recipe_names, recipe_path
 from b70host.topology import CCL_PROFILES
+from vllm_import import builtin_sys_intern
 
 
 def _variant(tmp_path: Path, name: str, edit) -> Path:
@@ -115,7 +116,8 @@ def test_every_ngram_candidate_is_a_speculative_config_vllm_itself_accepts():
     """The field names and limits came from vLLM's config/speculative.py: its own SpeculativeConfig (the object
     `vllm serve --speculative-config` builds) takes each ngram candidate's rendered JSON as it is, and refuses the
     window the grid leaves out."""
-    from vllm.config import SpeculativeConfig
+    with builtin_sys_intern():
+        from vllm.config import SpeculativeConfig
 
     from b70ctl.serve.render import ServeContext, render_serve
     from b70ctl.tune.run import candidates_of
