@@ -456,3 +456,22 @@ def test_serve_units_gives_every_unit_of_a_host_as_the_role_writes_them() -> Non
     # RestrictedNamePattern ^[a-zA-Z0-9][a-zA-Z0-9_.-]+$), so it is refused before a unit is written with it.
     assert invoke(*common, "--user", "b70", "--unit", "b").exit_code == 2
     assert invoke(*common, "--user", "b70", "--unit", "b7", "--json").exit_code == 0
+
+
+def test_two_processes_generating_one_directory_take_turns(tmp_path: Path) -> None:
+    """Two runs generating the same tiny models at once (a play's forks; the test lanes, which share the user's
+    cache) once raced on the same files: the second now waits, then finds them generated and leaves them."""
+    spec = {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 128, "train_steps": 2,
+            "train_sequence_length": 16}
+    program = ("import json, sys\nfrom b70ctl.models import tiny\n"
+               f"result = tiny.generate(sys.argv[1], tiny.TinySpec(**{spec!r}))\n"
+               "print(json.dumps(result['changed']))")
+    runs = [subprocess.Popen([sys.executable, "-c", program, str(tmp_path / "models")], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outcomes = [run.communicate(timeout=300) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err[-2000:] for _, err in outcomes]
+    assert sorted(json.loads(out) for out, _ in outcomes) == [False, True]
+    from b70ctl.models import tiny
+
+    assert all(tiny.is_generated(tmp_path / "models" / role, tiny.TinySpec(**spec), role) for role in tiny.ROLES)

@@ -190,9 +190,20 @@ ROLES = ("target", "draft-exact", "draft-perturbed")
 
 def generate(out_dir: Path, spec: TinySpec | None = None) -> dict[str, Any]:
     """Generate target, draft-exact and draft-perturbed under out_dir. Returns {"changed": bool, "paths": {...},
-    "final_loss": float | None}. A directory already generated from the same spec is left alone."""
+    "final_loss": float | None}. A directory already generated from the same spec is left alone. Several
+    processes generating into one directory at once (a play's forks, a test run's lanes) take turns: the first
+    generates, the others find it generated."""
+    import fcntl
+
     spec = spec or TinySpec()
     out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.with_name(out_dir.name + ".lock"), "a") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        return _generate_locked(out_dir, spec)
+
+
+def _generate_locked(out_dir: Path, spec: TinySpec) -> dict[str, Any]:
     paths = {role: out_dir / role for role in ROLES}
     if all(is_generated(paths[role], spec, role) for role in ROLES):
         return {"changed": False, "paths": {k: str(v) for k, v in paths.items()}, "final_loss": None}
