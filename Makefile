@@ -20,17 +20,14 @@ rehearse: $(INSTALLED)
 demo: $(INSTALLED)
 	$(VENV)/bin/b70ctl demo --out reports/demo
 
-# The static gate first (seconds): ruff, and mypy --strict over b70ctl and b70host (pyproject.toml configures both). Then the
-# unit tests two at a time, one file per worker (nothing there serves vLLM or starts a test host, and most of their
-# time is spent waiting on subprocesses and sockets), in name order: the image builds (test_base_images.py,
-# test_dockerfiles.py) start first, one on each worker, rather than last, where xdist's default order (most tests
-# first) puts them. Last, one at a time, the tests that start real vLLM servers and systemd test hosts, which use
-# both cores by themselves.
+# The static gate first (seconds): ruff, and mypy --strict over b70ctl and b70host (pyproject.toml configures both).
+# Then every test, in two lanes side by side (scripts/test-lanes says which steps each lane runs, and why they pair
+# so): the unit tests and the shared systemd test hosts in one; real vLLM, the stand-in bases, the recording hosts
+# and the rehearsal in the other. Each step's log is kept in reports/tests/.
 test: $(INSTALLED)
 	$(VENV)/bin/ruff check control tests scripts benchmarks roles
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest --numprocesses 2 --dist loadfile --no-loadscope-reorder tests/unit $(PYTEST_ARGS)
-	$(VENV)/bin/pytest tests/appliance tests/vllm $(PYTEST_ARGS)
+	$(VENV)/bin/python scripts/test-lanes $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) reports/demo reports/site reports/rehearsal .pytest_cache
+	rm -rf $(VENV) reports/demo reports/site reports/rehearsal reports/tests .pytest_cache
