@@ -1,10 +1,11 @@
 """Real systemd test hosts, provisioned by the real site.yml host stages.
 
-The session brings up four hosts with scripts/testhosts (docker engine, debootstrapped base image, private
+The session brings up three hosts with scripts/testhosts (docker engine, debootstrapped base image, private
 network and SSH key are all made there, safe to re-run) and copies into each the hardware it emulates: a sysfs
-tree from tests/fixtures/sysfs.py (host 1: 2x B70 behind one switch, host 2: 2x B70 on separate root ports, host 4:
-2x B70 under a kernel that has no xe driver for them, for host_kernel) and the host package lock of real Debian
-.debs (debianset.py). Host 3 stays bare: the broken-inventory tests prove that preflight changes nothing on it.
+tree from tests/fixtures/sysfs.py (host 1: 2x B70 behind one switch, host 2: 2x B70 on separate root ports) and the
+host package lock of real Debian .debs (debianset.py). Host 3 stays bare: the broken-inventory tests prove that
+preflight changes nothing on it. The kernel tests (test_host_kernel.py), the recording stand-in and the rehearsal
+bring up hosts of their own, so each can run in either lane of scripts/test-lanes.
 Everything is torn down when the last appliance test is done, before any other
 test runs: the hosts serve real vLLM, and left up they would starve the real-vLLM tests of memory and cores
 (B70_KEEP_TESTHOSTS=1 keeps them).
@@ -23,7 +24,7 @@ from provision import Appliance, PlaybookRun, run_playbook, start_hosts, testhos
 HOST_PREFIX = "b70-app"
 HOST_SUBNET = "172.30.72.0/24"
 # Host name suffix -> sysfs scenario of tests/fixtures/sysfs.py (None: the bare host).
-SCENARIOS = {1: "b70x2-switch", 2: "b70x2-root-ports", 3: None, 4: "b70x2-switch-old-kernel"}
+SCENARIOS = {1: "b70x2-switch", 2: "b70x2-root-ports", 3: None}
 
 
 HERE = Path(__file__).resolve().parent

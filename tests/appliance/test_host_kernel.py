@@ -18,19 +18,39 @@ than the recipe's kernel_min 6.14, and preflight refuses it when the tree says s
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from typing import Iterator
 
 import pytest
 
 from debianset import B70CTL, TEST_HOST_MATRIX, TEST_HOST_SERIES
-from provision import FIXTURE_ROOT, REPO_ROOT, Appliance, assert_recap, give_hardware, on, restart_host, run_playbook
+from provision import (FIXTURE_ROOT, REPO_ROOT, Appliance, assert_recap, give_hardware, on, restart_host, run_playbook,
+                       start_hosts, testhosts)
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1200)]
 
 MODEL_STORE = "/var/lib/b70/models"
+HOST_PREFIX = "b70-krn"
+HOST_SUBNET = "172.30.76.0/24"
 # An XPU recipe (a CPU one needs no GPU kernel) whose lock ships unresolved: preflight goes on, saying so.
 HOST_VARS = {"b70_recipe": "pr620-fp8-tp2", "b70_hf_token": "hf_unused_nothing_is_downloaded",
              "preflight_allow_unresolved_lock": True, "b70_release_matrix": str(TEST_HOST_MATRIX)}
+
+
+@pytest.fixture(scope="module")
+def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
+    """One host of its own, two B70s under a kernel that has no xe driver for them: the kernel tests share no host
+    with the others, so they run in either lane of scripts/test-lanes."""
+    if os.geteuid() != 0:
+        pytest.fail("the appliance tests need root (they install and start a docker engine): run them as root")
+    work_dir = tmp_path_factory.mktemp("host-kernel")
+    try:
+        hosts, ssh_key = start_hosts(HOST_PREFIX, HOST_SUBNET, {1: "b70x2-switch-old-kernel"}, work_dir)
+        yield Appliance(hosts, ssh_key, work_dir)
+    finally:
+        if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
+            testhosts("down", "--prefix", HOST_PREFIX)
 
 
 def _model_disk(host: str) -> None:
@@ -65,7 +85,7 @@ def _rerun_changes_nothing(inventory, host: str) -> None:
 
 def test_a_kernel_that_cannot_drive_the_b70s_is_replaced_from_the_lock_and_the_play_stops_for_the_reboot(
         appliance: Appliance) -> None:
-    host = appliance.host(4)
+    host = appliance.host(1)
     assert host.scenario == "b70x2-switch-old-kernel"
     _model_disk(host.name)
     inventory = appliance.inventory("old-kernel", [host], group_vars=HOST_VARS)
@@ -133,7 +153,7 @@ def test_a_stock_firmware_whose_guc_is_refused_converges_in_two_runs_and_one_reb
     """The stock 26.04 host (GuC 70.58.0 loaded and on disk; the release's firmware package carries it too): the
     first run puts the release matrix's good blob in /lib/firmware/updates by content and stops for the reboot;
     after it the driver loads GuC 70.72.1, and the second run changes nothing."""
-    host = appliance.host(4)
+    host = appliance.host(1)
     give_hardware(host.name, "b70x2-switch-192gb-guc-70.58", appliance.work_dir)
     _model_disk(host.name)
     inventory = appliance.inventory("guc-override", [host], group_vars=HOST_VARS)
