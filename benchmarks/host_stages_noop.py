@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "appliance"))
 
-from provision import run_playbook, start_hosts, testhosts, write_inventory  # noqa: E402
+from provision import run_playbook, start_hosts, run_testhosts, write_inventory  # noqa: E402
 
 PREFIX = "b70-bench"
 SUBNET = "172.30.78.0/24"
@@ -120,7 +120,7 @@ def main() -> None:
                              [timed_noop_run(inventory, size, playbook, *full)]))
         finally:
             if not args.keep:
-                testhosts("down", "--prefix", PREFIX)
+                run_testhosts("down", "--prefix", PREFIX)
     print(f"no-op re-run (changed=0), wall seconds: median of {args.repeats} as users run it (generations), one "
           "with every stage in full; load average (1 min) at each start")
     print(f"{'playbook':<20} {'hosts':>5} {'forks':>5} {'wall_s':>7}   runs (wall_s @ load)   in full (wall_s @ load)")

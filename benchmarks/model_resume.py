@@ -29,7 +29,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "appliance"))
 
-from provision import ANSIBLE_PLAYBOOK, HostUnderTest, testhosts, write_inventory  # noqa: E402
+from provision import ANSIBLE_PLAYBOOK, HostUnderTest, run_testhosts, write_inventory  # noqa: E402
 
 PREFIX = "b70-resume"
 SUBNET = "172.30.84.0/24"
@@ -140,7 +140,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="b70-resume-") as work_name:
         work = Path(work_name)
         try:
-            started = json.loads(testhosts("up", "--count", "1", "--prefix", PREFIX, "--subnet", SUBNET, "--fresh"))
+            started = json.loads(run_testhosts("up", "--count", "1", "--prefix", PREFIX, "--subnet", SUBNET, "--fresh"))
             host = started["hosts"][0]
             write_inventory(work / "inventory.yml", [HostUnderTest(host["name"], host["address"], None)],
                             started["ssh_private_key"])
@@ -183,7 +183,7 @@ def main() -> None:
             install("4 wrong bytes, no manifest")
         finally:
             if not args.keep:
-                testhosts("down", "--prefix", PREFIX)
+                run_testhosts("down", "--prefix", PREFIX)
     print(f"One {size_bytes / (1 << 30):.2f} GiB file (random bytes) to one test host over SSH; "
           f"{os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
     print("| run | wall s | load (1 min) | kept on the host | sent | host read by the plan | host read by the record |")

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from provision import Appliance, PlaybookRun, run_playbook, start_hosts, testhosts
+from provision import Appliance, PlaybookRun, run_playbook, start_hosts, run_testhosts
 
 HOST_PREFIX = "b70-app"
 HOST_SUBNET = "172.30.72.0/24"
@@ -35,7 +35,7 @@ def _release_hosts() -> None:
     while _hosts_up:
         prefix = _hosts_up.pop()
         if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
-            testhosts("down", "--prefix", prefix)
+            run_testhosts("down", "--prefix", prefix)
 
 
 # The rehearsal brings up a test host of its own and serves two routes' real images on it: it runs after every test

@@ -60,7 +60,7 @@ def run_playbook(inventory: Path, *args: str, playbook: str = "site.yml") -> Pla
     return PlaybookRun(result.returncode, output, parse_recap(output))
 
 
-def testhosts(*args: str) -> str:
+def run_testhosts(*args: str) -> str:
     result = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "testhosts"), *args], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
@@ -154,7 +154,7 @@ class Appliance:
 def start_hosts(prefix: str, subnet: str, scenarios: dict[int, str | None], work_dir: Path,
                 fresh: bool = True) -> tuple[list[HostUnderTest], str]:
     """Hosts PREFIX-1..N (fresh ones, or the running ones kept); each with a scenario gets its sysfs tree."""
-    started = json.loads(testhosts("up", "--count", str(len(scenarios)), "--prefix", prefix, "--subnet", subnet,
+    started = json.loads(run_testhosts("up", "--count", str(len(scenarios)), "--prefix", prefix, "--subnet", subnet,
                                    *(["--fresh"] if fresh else [])))
     hosts = [HostUnderTest(h["name"], h["address"], scenarios[index])
              for index, h in enumerate(started["hosts"], start=1)]

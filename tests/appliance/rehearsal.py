@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision import REPO_ROOT, HostUnderTest, PlaybookRun, make_dri_nodes, on, run_playbook, write_inventory
-from provision import testhosts as run_testhosts
+from provision import run_testhosts
 
 from b70ctl.embedded import default_cache_dir
 from b70ctl.errors import BadInput

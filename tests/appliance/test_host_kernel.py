@@ -26,7 +26,7 @@ import pytest
 
 from debianset import B70CTL, TEST_HOST_MATRIX, TEST_HOST_SERIES
 from provision import (FIXTURE_ROOT, REPO_ROOT, Appliance, assert_recap, give_hardware, on, restart_host, run_playbook,
-                       start_hosts, testhosts)
+                       start_hosts, run_testhosts)
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1200)]
 
@@ -50,7 +50,7 @@ def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
         yield Appliance(hosts, ssh_key, work_dir)
     finally:
         if os.environ.get("B70_KEEP_TESTHOSTS") != "1":
-            testhosts("down", "--prefix", HOST_PREFIX)
+            run_testhosts("down", "--prefix", HOST_PREFIX)
 
 
 def _model_disk(host: str) -> None:

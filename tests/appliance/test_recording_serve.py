@@ -33,7 +33,7 @@ import pytest
 from b70ctl.recipes import load_recipe
 from provision import (DRM_MAJOR, REPO_ROOT, Appliance, HostUnderTest, assert_recap, make_dri_nodes, on,
                        run_playbook, start_hosts)
-from provision import testhosts as run_testhosts
+from provision import run_testhosts
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1800)]
 

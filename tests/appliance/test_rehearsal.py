@@ -23,7 +23,7 @@ import pytest
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.rehearsal import recipe_overlay
 from provision import REPO_ROOT, HostUnderTest, assert_recap, on, start_hosts
-from provision import testhosts as run_testhosts
+from provision import run_testhosts
 from rehearsal import API_KEY, B70CTL, PORT, STANDINS, Rehearsal, forget_serving, rehearse, started_line
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
