@@ -23,7 +23,7 @@ demo: $(INSTALLED)
 # The static gate first (seconds): ruff, and mypy --strict over b70ctl and b70host (pyproject.toml configures both).
 # Then every test, in two lanes side by side (scripts/test-lanes says which steps each lane runs, and why they pair
 # so): the unit tests and the shared systemd test hosts in one; real vLLM, the stand-in bases, the recording hosts
-# and the rehearsal in the other. Each step's log is kept in reports/tests/.
+# and the rehearsal in the other. Each step's log, junit file and the durations of all are kept in reports/tests/
 test: $(INSTALLED)
 	$(VENV)/bin/ruff check control tests scripts benchmarks roles
 	$(VENV)/bin/mypy
