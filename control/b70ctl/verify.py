@@ -29,15 +29,14 @@ from b70ctl import __version__
 from b70ctl.checks.client import Endpoint, EndpointError, RunDeadlineExceeded, VllmClient
 from b70ctl.checks.correctness import (
     Reference,
-    correctness_measurements,
     load_reference,
     run_correctness,
     server_vllm_version,
 )
-from b70ctl.checks.gate import cite_correctness, gate_measurements, run_gate
+from b70ctl.checks.gate import cite_correctness, run_gate
 from b70ctl.checks.metrics import NUM_DRAFTS, CountersUnusable, MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
-from b70ctl.checks.throughput import reject_impossible_engine_figures, run_throughput, throughput_measurements
+from b70ctl.checks.throughput import reject_impossible_engine_figures, run_throughput
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import WRITE_LIMITS, file_kind, read_json_object, read_own_json_object, write_text_atomically
 from b70ctl.recipes.model import Recipe
@@ -45,6 +44,7 @@ from b70ctl.redact import printable, without_controls
 from b70ctl.report.html import render_html
 from b70ctl.report.load import MAX_REPORT_BYTES
 from b70ctl.report.markdown import render_markdown
+from b70ctl.report.measurements import measurements_of
 from b70ctl.report.model import (
     HOST_FACT_FIELDS,
     CorrectnessResult,
@@ -557,16 +557,9 @@ def record_roofline_inputs(environment: Environment, found: RooflineInputs) -> N
 
 
 def _finish(report: Report, recipe: Recipe, complete: bool) -> None:
-    measurements: dict[str, Any] = {}
-    if report.smoke is not None:
-        measurements["smoke.passed"] = 1.0 if report.smoke.passed else 0.0
-    if report.correctness is not None:
-        measurements.update(correctness_measurements(report.correctness))
-    if report.gate is not None:
-        measurements.update(gate_measurements(report.gate))
     if report.throughput is not None:
         reject_impossible_engine_figures(report, recipe)
-        measurements.update(throughput_measurements(report.throughput))
+    measurements = measurements_of(report)
     report.measurements = measurements
     failed = {f"throughput.{w.name}": w.error for w in (report.throughput.workloads if report.throughput else [])
               if w.error is not None}

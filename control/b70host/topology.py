@@ -131,7 +131,7 @@ CCL_PROFILES: Dict[str, Dict[str, Any]] = {
 
 
 # The document's shapes (Probe, PairTopology) are declared once, here: b70ctl reads topology.json back through
-# these classes (b70ctl.host.model validates a pair as PairTopology), and __pydantic_config__ is how it is told to
+# these classes (b70ctl.host_documents validates a pair as PairTopology), and __pydantic_config__ is how it is told to
 # refuse a key the writer never writes. A plain dict, so this module stays standard library only.
 _DOCUMENT_CONFIG = {"extra": "forbid"}
 ProbeStatus = Literal["confirmed", "refused", "inconclusive", "not_probed"]

@@ -21,7 +21,6 @@ from b70ctl.checks.correctness import (
     REFERENCE_SCHEMA_VERSION,
     Reference,
     context_bounds,
-    correctness_measurements,
     degenerate_repetition,
     divergence_context,
     first_divergence,
@@ -31,6 +30,7 @@ from b70ctl.checks.correctness import (
     record_reference,
     run_correctness,
 )
+from b70ctl.report.measurements import correctness_measurements
 from b70ctl.errors import BadInput
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import CorrectnessSettings, Probe, Recipe

@@ -17,7 +17,8 @@ from test_scripted_stream import client_for, recipe_with, server, workload  # no
 
 from b70ctl.checks.client import Endpoint
 from b70ctl.checks.smoke import run_smoke
-from b70ctl.checks.throughput import run_throughput, throughput_measurements
+from b70ctl.checks.throughput import run_throughput
+from b70ctl.report.measurements import throughput_measurements
 from b70ctl.errors import BadInput
 from b70ctl.recipes.model import Claim, CorrectnessSettings
 from b70ctl.report.load import read_report

@@ -18,12 +18,12 @@ from b70ctl.checks.gate import (
     NOT_OWNED,
     cite_correctness,
     compare_after_restart,
-    gate_measurements,
     load_answers,
     replay,
     run_gate,
     save_answers,
 )
+from b70ctl.report.measurements import gate_measurements
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import CorrectnessSettings, Recipe
 from b70ctl.escaping import markdown_code

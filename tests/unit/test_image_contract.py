@@ -208,7 +208,7 @@ def test_no_python_on_the_path_is_said(tmp_path: Path) -> None:
 def test_a_tune_candidate_s_drop_in_starts_vllm_through_the_image_entrypoint(recipe: str, tmp_path: Path) -> None:
     """A tune serves each candidate through the unit with a drop-in whose ExecStart replaces the unit's (tune/unit.py):
     the same container record, the candidate's render. It composes the same way."""
-    from b70ctl.host.model import load_topology
+    from b70ctl.host_documents import load_topology
     from b70ctl.serve.unit import ServingContainer
     from b70ctl.tune.model import Candidate
     from b70ctl.tune.serving import candidate_command

@@ -16,8 +16,9 @@ from scripted_server import Script, ScriptedServer, SpecPerRequest
 
 from b70ctl.checks.client import Endpoint, VllmClient
 from b70ctl.checks.smoke import run_smoke
-from b70ctl.checks.stats import decode_tok_s
-from b70ctl.checks.throughput import run_throughput, throughput_measurements
+from b70ctl.report.stats import decode_tok_s
+from b70ctl.checks.throughput import run_throughput
+from b70ctl.report.measurements import throughput_measurements
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, Workload
 

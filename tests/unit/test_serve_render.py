@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from b70ctl.cli import app
 from b70ctl.errors import BadInput
-from b70ctl.host.model import TopologyDocument, load_topology
+from b70ctl.host_documents import TopologyDocument, load_topology
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import LocalServer, bound_cores
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container, render_serve, render_xpu_container

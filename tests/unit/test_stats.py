@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from b70ctl.checks.stats import (
+from b70ctl.report.stats import (
     converged,
     decode_tok_s,
     mad,

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from b70ctl.cli import app, main
 from b70ctl.errors import BadInput
-from b70ctl.host.model import load_topology
+from b70ctl.host_documents import load_topology
 from b70host.facts import collect_facts
 from b70host.topology import CCL_PROFILES, P2PDMA_HOST_BRIDGE_WHITELIST, TOPOLOGY_PATH, analyse, topology
 from host_package import host_module

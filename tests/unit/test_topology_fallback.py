@@ -20,7 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
-from b70ctl.host.model import TopologyDocument
+from b70ctl.host_documents import TopologyDocument
 from b70host.topology import CCL_PROFILES, FALLBACK_PATH, apply_fallback, fallback_record, topology
 from host_package import host_module
 from sysfs_trees import REPO, build_tree

@@ -361,7 +361,7 @@ def test_the_plot_has_a_panel_per_knob_with_the_default_marked():
 def test_a_p2p_candidate_reaches_vllm_with_its_k_batched_tokens_and_threshold(tmp_path):
     """On a B70 host the candidate goes through render_container: its recipe knobs into argv, its oneCCL
     threshold over the P2P profile's own value, the rest of the profile untouched."""
-    from b70ctl.host.model import load_topology
+    from b70ctl.host_documents import load_topology
     from b70ctl.serve.render import ServeContext
     from b70ctl.tune.serving import candidate_command
     from b70host.topology import CCL_PROFILES, TOPOLOGY_PATH, topology

@@ -519,7 +519,7 @@ def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_
     from typer.testing import CliRunner
 
     from b70ctl.cli import app
-    from b70ctl.host.model import load_topology
+    from b70ctl.host_documents import load_topology
     from b70ctl.serve.render import render_xpu_container
     from b70host.topology import topology
     from sysfs_trees import build_tree

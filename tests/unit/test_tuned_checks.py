@@ -9,7 +9,7 @@ import pytest
 
 from b70ctl.errors import BadInput
 from b70ctl.recipes import load_recipe
-from b70ctl.tune.applied import apply_tuned, parse_tuned
+from b70ctl.serve.tuned import apply_tuned, parse_tuned
 
 DOCUMENT = {"recipe": "cpu-tiny", "outcome": "tuned", "profile": None, "score_tok_s": 52.0,
             "default_score_tok_s": 42.0, "budget_requests": 300, "spent_requests": 280, "date": "2026-12-01"}

@@ -371,7 +371,7 @@ def test_fetching_generated_models_once_generated_is_a_no_op_naming_their_revisi
 def test_container_affinity_mask_counts_the_cards_the_container_is_given(p2p_host) -> None:
     """The serving container receives only the group's device nodes, which Level Zero numbers from 0: a group of
     the host's third and fourth cards is "0,1" inside it, not the host's "2,3"."""
-    from b70ctl.host.model import TopologyDocument
+    from b70ctl.host_documents import TopologyDocument
 
     _, topology_text = p2p_host
     document = TopologyDocument.model_validate_json(topology_text)

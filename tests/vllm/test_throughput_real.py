@@ -11,7 +11,8 @@ import pytest
 
 from b70ctl.checks.client import VllmClient
 from b70ctl.checks.smoke import run_smoke
-from b70ctl.checks.throughput import run_throughput, throughput_measurements
+from b70ctl.checks.throughput import run_throughput
+from b70ctl.report.measurements import throughput_measurements
 from b70ctl.recipes.model import Recipe, Workload
 from b70ctl.report.model import ThroughputResult, WorkloadResult
 

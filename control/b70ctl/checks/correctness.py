@@ -408,14 +408,3 @@ def _write_raw(path: Path, prompt: str, served: dict[str, Any], baseline: dict[s
                                  "baseline_source": baseline_name})
 
 
-def correctness_measurements(result: CorrectnessResult) -> dict[str, float]:
-    """Flat figures for the report's measurements (claims refer to them). Nothing compared: no fraction, so a
-    claim on it reads 'not measured' instead of 0."""
-    measurements: dict[str, float] = {
-        "correctness.identical": float(result.identical),
-        "correctness.total": float(result.total),
-        "correctness.garbage_findings": float(len(result.garbage)),
-    }
-    if result.total:
-        measurements["correctness.identical_fraction"] = result.identical_fraction
-    return measurements

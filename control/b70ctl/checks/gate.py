@@ -36,7 +36,6 @@ from b70ctl.checks.client import EndpointError, VllmClient
 from b70ctl.checks.correctness import (
     GreedyOutput,
     Reference,
-    correctness_measurements,
     degenerate_repetition,
     divergence_context,
     first_divergence,
@@ -46,6 +45,7 @@ from b70ctl.checks.correctness import (
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import read_json_object, write_json_atomically
 from b70ctl.recipes.model import Recipe
+from b70ctl.report.measurements import correctness_measurements
 from b70ctl.report.model import (
     CorrectnessResult,
     Difference,
@@ -452,10 +452,3 @@ def cite_correctness(result: GateResult, correctness: CorrectnessResult | None, 
     return _result(checks + [cited], result.answers)
 
 
-def gate_measurements(result: GateResult) -> dict[str, float]:
-    """Flat figures for the report's measurements: gate.passed (1/0) and each check's (1/0; not run: absent)."""
-    measurements = {"gate.passed": 1.0 if result.passed else 0.0}
-    for check in result.checks:
-        if check.passed is not None:
-            measurements[f"gate.{check.name}.passed"] = 1.0 if check.passed else 0.0
-    return measurements

@@ -31,7 +31,7 @@ from b70ctl.checks.metrics import (
     spec_decode_stats,
     timing_lines,
 )
-from b70ctl.checks.stats import (
+from b70ctl.report.stats import (
     converged,
     decode_tok_s,
     delivery_check,
@@ -424,40 +424,6 @@ def bench_keys(result: WorkloadResult) -> BenchKeys:
         spec_decode_accepted_tokens=round(usable.num_accepted_tokens) if usable else None,
         spec_decode_per_position_acceptance_rates=list(usable.per_position_acceptance) if usable else [],
     )
-
-
-def throughput_measurements(result: ThroughputResult) -> dict[str, float | list[float]]:
-    """The flat figures claims refer to (throughput.<workload>.<figure>). A workload that failed contributes
-    nothing, and polluted spec-decode counters are left out: a claim on them is then not measured rather than
-    judged on another client's traffic. A prefill rate with cached prompt tokens in it measured the cache, not the
-    prefill, and is left out too."""
-    figures: dict[str, float | list[float]] = {}
-    for workload in result.workloads:
-        if workload.error is not None:
-            continue
-        prefix = f"throughput.{workload.name}"
-        summaries: list[tuple[str, Summary | None, tuple[str, ...]]] = [
-            ("decode_tok_s", workload.decode_tok_s, ("median", "min", "max")),
-            ("peak_tok_s", workload.peak_tok_s, ("median", "max")),
-            ("ttft_s", workload.ttft_s, ("median",)),
-        ]
-        if not workload.prompt_tokens_cached:
-            summaries.append(("prefill_tok_s", workload.prefill_tok_s, ("median",)))
-        for figure, summary, fields in summaries:
-            if summary is None:
-                continue
-            for field_name in fields:
-                figures[f"{prefix}.{figure}.{field_name}"] = float(getattr(summary, field_name))
-        spec = workload.spec_decode
-        if spec is None or spec.polluted:
-            continue
-        if spec.acceptance_rate is not None:
-            figures[f"{prefix}.acceptance_rate"] = spec.acceptance_rate
-        if spec.mean_acceptance_length is not None:
-            figures[f"{prefix}.mean_acceptance_length"] = spec.mean_acceptance_length
-        if spec.per_position_acceptance:
-            figures[f"{prefix}.per_position_acceptance"] = list(spec.per_position_acceptance)
-    return figures
 
 
 def _stream(client: VllmClient, workload: Workload, prompt: Prompt) -> StreamResult:

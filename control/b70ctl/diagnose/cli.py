@@ -69,7 +69,7 @@ def run_diagnosis(logs: list[str], unit: str | None, ssh: str | None, topology: 
     profile: str | None = None
     profile_source: str | None = None
     if topology is not None:
-        from b70ctl.host.model import load_topology
+        from b70ctl.host_documents import load_topology
 
         document = load_topology(topology)
         profile, profile_source = document.profile, document.profile_source

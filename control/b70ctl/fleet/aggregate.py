@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from b70ctl.checks.stats import median
+from b70ctl.report.stats import median
 from b70ctl.errors import BadInput
 from b70ctl.files import parse_json, read_bounded
 from b70ctl.fleet import stats

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from b70ctl.fleet import stats
+from b70ctl.report.stats import percentile
 from b70ctl.fleet.model import FIELD_LABELS, ClaimLine, FingerprintGroup, HostEntry, RecipeFleet, WorkloadFigures
 from b70ctl.svg import (
     CLAIM_COLOR,
@@ -232,8 +232,8 @@ def acceptance_curves_svg(fleet: RecipeFleet, hosts: Sequence[HostEntry]) -> str
             ordered = [sorted(c[p] for _, c in curves if len(c) > p) for p in range(len(positions))]
             axes.band(positions, [c[0] for c in ordered], [c[-1] for c in ordered], color=HOST_CURVE_COLOR,
                       opacity=0.12)
-            axes.band(positions, [stats.quantile(c, 0.1) for c in ordered],
-                      [stats.quantile(c, 0.9) for c in ordered], color=HOST_CURVE_COLOR, opacity=0.3)
+            axes.band(positions, [percentile(c, 10) for c in ordered],
+                      [percentile(c, 90) for c in ordered], color=HOST_CURVE_COLOR, opacity=0.3)
             legend.append(LegendEntry(f"hosts ({len(curves)}): min..max", "band", HOST_CURVE_COLOR, opacity=0.12))
             legend.append(LegendEntry("p10..p90", "band", HOST_CURVE_COLOR, opacity=0.3))
         median_points = [(axes.x(p), axes.y(v)) for p, v in zip(positions, median_curve, strict=True)]

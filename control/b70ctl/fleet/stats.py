@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import TypeVar
 
-from b70ctl.checks.stats import SIGMA_PER_MAD, median
+from b70ctl.report.stats import SIGMA_PER_MAD, mad, median, percentile
 from b70ctl.fleet.model import Distribution
 
 # Iglewicz & Hoaglin: |modified z| > 3.5 marks an outlier, z = (x - median) / (MAD x SIGMA_PER_MAD).
@@ -21,28 +20,11 @@ MIN_SPREAD_FRACTION = 0.01
 T = TypeVar("T", bound=Hashable)
 
 
-def quantile(ordered: Sequence[float], fraction: float) -> float:
-    """Linear interpolation between order statistics (numpy's default) of an already sorted sequence."""
-    position = (len(ordered) - 1) * fraction
-    below = math.floor(position)
-    above = min(below + 1, len(ordered) - 1)
-    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
-
-
 def distribution(values: Sequence[float]) -> Distribution | None:
     if not values:
         return None
-    ordered = sorted(values)
-    center = quantile(ordered, 0.5)
-    return Distribution(
-        n=len(ordered),
-        median=center,
-        mad=median([abs(v - center) for v in ordered]),
-        min=ordered[0],
-        max=ordered[-1],
-        p10=quantile(ordered, 0.1),
-        p90=quantile(ordered, 0.9),
-    )
+    return Distribution(n=len(values), median=median(values), mad=mad(values), min=min(values), max=max(values),
+                        p10=percentile(values, 10), p90=percentile(values, 90))
 
 
 def robust_z_scores(values: Sequence[float]) -> list[float] | None:
@@ -53,8 +35,8 @@ def robust_z_scores(values: Sequence[float]) -> list[float] | None:
         return None
     center = median(values)
     deviations = [abs(v - center) for v in values]
-    mad = median(deviations)
-    sigma = mad * SIGMA_PER_MAD if mad > 0 else sum(deviations) / len(deviations) / MEAN_AD_TO_SIGMA
+    spread = mad(values)
+    sigma = spread * SIGMA_PER_MAD if spread > 0 else sum(deviations) / len(deviations) / MEAN_AD_TO_SIGMA
     sigma = max(sigma, MIN_SPREAD_FRACTION * abs(center))
     if sigma == 0:
         return None

@@ -23,7 +23,7 @@ from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.fit import HostFit, LockedGroups, PlayHost, host_fit, play_fit
 from b70ctl.host.memory import KV_CACHE_GIB_MIN
-from b70ctl.host.model import load_facts
+from b70ctl.host_documents import load_facts
 from b70ctl.options import JsonOption, json_option
 from b70ctl.recipes import load_recipe
 from b70host.facts import collect_facts
@@ -164,7 +164,7 @@ def fallback_command(
 
     from b70ctl.diagnose.catalogue import load_catalogue
     from b70ctl.files import read_json_object
-    from b70ctl.host.model import read_topology
+    from b70ctl.host_documents import read_topology
     from b70ctl.redact import printable
 
     entries = {entry.id: entry for entry in load_catalogue().signatures}

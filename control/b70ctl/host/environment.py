@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from b70ctl.documents import Document
-from b70ctl.host.model import FactsDocument, TopologyDocument
+from b70ctl.host_documents import FactsDocument, TopologyDocument
 from b70ctl.image.documents import InstalledImage
 from b70ctl.lock.model import Lock, appliance_hash
 from b70ctl.models.record import ModelsRecord

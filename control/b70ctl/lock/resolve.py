@@ -38,6 +38,7 @@ from b70ctl.lock.model import (
 from b70ctl.lock.registry import parse_reference, resolve_tag
 from b70ctl.recipes import Recipe, load_recipe
 from b70ctl.recipes.model import ModelSpec
+from b70ctl.recipes.tiny import GENERATOR_VERSION, TinySpec
 
 HUB_DEFAULT_ENDPOINT = "https://huggingface.co"
 OFFLINE_REASON = ("not resolved: written with --offline, no hub or registry was asked; run b70ctl lock resolve "
@@ -73,8 +74,6 @@ def repository_root(start: Path | None = None) -> Path:
 
 
 def generated_pin(recipe: Recipe, role: str, spec: ModelSpec) -> ModelPin:
-    from b70ctl.models.tiny import GENERATOR_VERSION, TinySpec
-
     tiny = recipe.tiny or TinySpec()
     assert spec.generated is not None
     return ModelPin(role=role, generated=GeneratedModelPin(generator_version=GENERATOR_VERSION, role=spec.generated,

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from b70ctl.errors import first_problem
 from b70ctl.escaping import path_part_problem
-from b70ctl.models.tiny import TinySpec
+from b70ctl.recipes.tiny import TinySpec
 from b70ctl.recipes.vllm_lines import line_refusal
 from b70ctl.versions import version_at_least
 

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import parse_json, read_bounded
+from b70ctl.report.measurements import measurements_of
 from b70ctl.report.model import REPORT_SCHEMA_VERSION, Report
 
 ProblemKind = Literal["unreadable", "empty", "truncated", "corrupt", "unknown_schema_version", "invalid"]
@@ -70,23 +71,6 @@ class ReportUnusable(BadInput):
     def __init__(self, problem: ReportProblem) -> None:
         super().__init__(problem.reason)
         self.problem = problem
-
-
-def measurements_of(report: Report) -> dict[str, float | list[float]]:
-    """The flat figures claims refer to, rebuilt from a report's structured results with the same functions
-    verify uses (verify._finish), so an upgraded report carries exactly the keys a current one would."""
-    # Imported here: the checks pull in the HTTP client, which reading current reports never needs.
-    from b70ctl.checks.correctness import correctness_measurements
-    from b70ctl.checks.throughput import throughput_measurements
-
-    measurements: dict[str, float | list[float]] = {}
-    if report.smoke is not None:
-        measurements["smoke.passed"] = 1.0 if report.smoke.passed else 0.0
-    if report.correctness is not None:
-        measurements.update(correctness_measurements(report.correctness))
-    if report.throughput is not None:
-        measurements.update(throughput_measurements(report.throughput))
-    return measurements
 
 
 def _upgrade_0_to_1(data: dict[str, Any]) -> dict[str, Any]:

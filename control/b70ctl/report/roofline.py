@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 
-from b70ctl.checks.stats import median
+from b70ctl.report.stats import median
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import Report, Roofline, RooflineInput, TargetShape, WorkloadResult, WorkloadRoofline
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import parse_json
-from b70ctl.host.model import TopologyDocument, load_topology
+from b70ctl.host_documents import TopologyDocument, load_topology
 from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, env_problem, site_env_problem
@@ -115,7 +115,7 @@ def _render_server(recipe: Recipe, document: TopologyDocument | None, tuned: str
                    prefix_cache_probe_passed: bool = False) -> tuple[ServeCommand, ServeContext]:
     """One server's render: the speculative server with the host's tuned overrides, or the target-only baseline
     as the recipe says (it is the tune's reference); in a rehearsal, without the options its overlay removes."""
-    from b70ctl.tune.applied import apply_tuned, parse_tuned
+    from b70ctl.serve.tuned import apply_tuned, parse_tuned
 
     tuned_env: dict[str, str] = {}
     if tuned is not None and not baseline:

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from b70ctl.documents import Pinned
-from b70ctl.host.model import TopologyDocument
+from b70ctl.host_documents import TopologyDocument
 from b70ctl.recipes.model import DRAFTER_FREE, Recipe
 from b70ctl.versions import version_at_least
 from b70host.topology import CCL_PROFILES

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from datetime import date as date_type
 from datetime import datetime
 from typing import Final, Literal
 
@@ -12,8 +11,10 @@ from pydantic import Field
 
 from b70ctl.documents import Document as _Model
 from b70ctl.documents import Pinned
-
-Value = int | str | None
+# The applied tune's document is serve's to read (serve/tuned.py); the tune writes it.
+from b70ctl.serve.tuned import TunedSettings as TunedSettings
+from b70ctl.serve.tuned import Value as Value
+from b70ctl.serve.tuned import ccl_env
 
 TUNE_SCHEMA_VERSION: Final = 1
 
@@ -53,8 +54,7 @@ class Candidate(Pinned):
     @property
     def host_env(self) -> dict[str, str]:
         """The oneCCL variables among the overrides: host environment on top of the profile's, not recipe fields."""
-        return {name: str(value) for name, value in self.overrides.items()
-                if name.startswith("CCL_") and value is not None}
+        return ccl_env(self.overrides)
 
 
 SHORT_NAMES = {"num_speculative_tokens": "k", "draft_sample_method": "draft sampling",
@@ -160,18 +160,3 @@ class TuneReport(_Model):
     winner_recipe: str | None = Field(None, description="In a race, the recipe to serve: the winner's, or the "
                                                         "host's when its default stays")
     summary: str
-
-
-class TunedSettings(_Model):
-    """A host's applied tune: `vllm_serve_tuned` in host_vars/<host>/b70_tuned.yml, which roles/vllm_serve hands to
-    `b70ctl serve render --tuned`. Written by `b70ctl tune` (render.py tuned_yaml)."""
-
-    recipe: str = Field(description="The recipe tuned; the overrides are refused for any other")
-    outcome: Literal["tuned", "default_best", "no_candidate"]
-    overrides: dict[str, Value] = Field(default_factory=dict, description="Empty when the default stays")
-    profile: str | None = Field(None, description="The oneCCL profile the thresholds were tuned for")
-    score_tok_s: float | None = None
-    default_score_tok_s: float | None = None
-    budget_requests: int = Field(ge=0)
-    spent_requests: int = Field(ge=0)
-    date: date_type

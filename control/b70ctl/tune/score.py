@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from b70ctl.checks.stats import SIGMA_PER_MAD, mad, median
+from b70ctl.report.stats import SIGMA_PER_MAD, mad, median
 
 
 def robust_score(rates_tok_s: Sequence[float]) -> float | None:

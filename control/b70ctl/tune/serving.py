@@ -18,7 +18,7 @@ from typing import Protocol
 
 from b70ctl.checks.client import Endpoint
 from b70ctl.errors import BadInput
-from b70ctl.host.model import TopologyDocument
+from b70ctl.host_documents import TopologyDocument
 from b70ctl.recipes.model import Recipe
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container
 from b70ctl.tune.model import Candidate

@@ -35,7 +35,7 @@ from pydantic import Field, ValidationError, model_validator
 from b70ctl.checks.client import Endpoint
 from b70ctl.documents import Document
 from b70ctl.errors import BadInput, first_problem
-from b70ctl.host.model import TopologyDocument
+from b70ctl.host_documents import TopologyDocument
 from b70ctl.recipes.model import Recipe
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container
 from b70ctl.serve.unit import ServingContainer, env_file_text, exec_start_line

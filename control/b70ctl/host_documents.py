@@ -1,4 +1,5 @@
-"""The host's documents as typed models: how b70ctl reads them back.
+"""The host's documents as typed models: how b70ctl reads them back. They sit below serve, host and diagnose, all
+of which read them, beside the other documents every layer shares.
 
 The topology document (/etc/b70/topology.json) and the facts document (the b70 Ansible fact, `b70ctl host facts
 --json`) are written by topology.py and facts.py with the standard library only (they run on hosts with just

@@ -6,20 +6,47 @@ The overrides change the rendered argv and environment, so they change /etc/b70/
 stage's generation, and so the configuration the host's report measured, changes, and it is measured again. The
 appliance hash stays the hash of the recipe and its lock (a drift field across the fleet); the report's serve
 command shows what was applied.
+
+The document is serve's to read and the tune's to write (tune/render.py tuned_yaml), so it lives here, below the tune.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import date as date_type
+from typing import Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
+from b70ctl.documents import Document
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import parse_json
 from b70ctl.recipes.model import Recipe
-from b70ctl.tune.model import Candidate, TunedSettings
+
+# A tuned knob's value: None leaves vLLM's default.
+Value = int | str | None
 
 RETUNE = "run playbooks/tune.yml for this host again, or delete its host_vars/<host>/b70_tuned.yml"
+
+
+def ccl_env(overrides: dict[str, Value]) -> dict[str, str]:
+    """The oneCCL variables among the overrides: host environment on top of the profile's, not recipe fields."""
+    return {name: str(value) for name, value in overrides.items() if name.startswith("CCL_") and value is not None}
+
+
+class TunedSettings(Document):
+    """A host's applied tune: `vllm_serve_tuned` in host_vars/<host>/b70_tuned.yml, which roles/vllm_serve hands to
+    `b70ctl serve render --tuned`. Written by `b70ctl tune` (render.py tuned_yaml)."""
+
+    recipe: str = Field(description="The recipe tuned; the overrides are refused for any other")
+    outcome: Literal["tuned", "default_best", "no_candidate"]
+    overrides: dict[str, Value] = Field(default_factory=dict, description="Empty when the default stays")
+    profile: str | None = Field(None, description="The oneCCL profile the thresholds were tuned for")
+    score_tok_s: float | None = None
+    default_score_tok_s: float | None = None
+    budget_requests: int = Field(ge=0)
+    spent_requests: int = Field(ge=0)
+    date: date_type
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -53,12 +80,12 @@ def apply_tuned(recipe: Recipe, tuned: TunedSettings | None, profile: str | None
         return recipe, {}
     if tuned.recipe != recipe.name:
         raise BadInput(f"b70_tuned.yml tunes recipe {tuned.recipe}, the host serves {recipe.name}: {RETUNE}")
-    candidate = Candidate(overrides=tuned.overrides)
-    if candidate.host_env and tuned.profile is not None and profile != tuned.profile:
+    host_env = ccl_env(tuned.overrides)
+    if host_env and tuned.profile is not None and profile != tuned.profile:
         raise BadInput(f"b70_tuned.yml's oneCCL thresholds were tuned for profile {tuned.profile}, the host's "
                        f"profile is now {profile}: {RETUNE}")
     try:
-        return recipe.with_overrides(tuned.overrides), candidate.host_env
+        return recipe.with_overrides(tuned.overrides), host_env
     except (ValueError, ValidationError) as error:
         reason = first_problem(error) if isinstance(error, ValidationError) else str(error)
         raise BadInput(f"b70_tuned.yml's overrides do not apply to recipe {recipe.name}: {reason}: {RETUNE}") \
