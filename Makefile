@@ -20,14 +20,16 @@ rehearse: $(INSTALLED)
 demo: $(INSTALLED)
 	$(VENV)/bin/b70ctl demo --out reports/demo
 
-# The static gate first (seconds): ruff, and mypy --strict over b70ctl and b70host (pyproject.toml configures both).
+# The static gate first (seconds): ruff, mypy --strict over b70ctl and b70host, and the layers contract (import-linter);
+# pyproject.toml configures all three.
 # Then every test, in two lanes side by side (scripts/test-lanes says which steps each lane runs, and why they pair
 # so): the unit tests and the shared systemd test hosts in one; real vLLM, the stand-in bases, the recording hosts
 # and the rehearsal in the other. Each step's log, junit file and the durations of all are kept in reports/tests/
 test: $(INSTALLED)
 	$(VENV)/bin/ruff check control tests scripts benchmarks roles
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python scripts/test-lanes $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) reports/demo reports/site reports/rehearsal reports/tests .pytest_cache
+	rm -rf $(VENV) reports/demo reports/site reports/rehearsal reports/tests .pytest_cache .import_linter_cache
