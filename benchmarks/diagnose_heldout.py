@@ -106,8 +106,10 @@ def layers_given(diagnosis: Diagnosis) -> list[str]:
     return list(dict.fromkeys(HELDOUT_LAYER.get(layer, layer) for layer in layers))
 
 
-def run(index: Path) -> dict[str, Any]:
+def run(index: Path, half: str | None = None) -> dict[str, Any]:
     entries: list[dict[str, Any]] = yaml.safe_load(index.read_text()) or []
+    if half is not None:
+        entries = [entry for entry in entries if entry.get("half") == half]
     catalogue = load_catalogue()
     cases = []
     for entry in entries:
@@ -132,6 +134,7 @@ def run(index: Path) -> dict[str, Any]:
     counts = {name: sum(case["verdict"] == name for case in cases) for name in VERDICTS}
     return {
         "index": str(index.resolve().relative_to(REPO)) if index.resolve().is_relative_to(REPO) else str(index),
+        "half": half,
         "failures": len(failures),
         "healthy": len(healthy),
         "counts": counts,
@@ -161,7 +164,8 @@ def render(result: dict[str, Any]) -> str:
     counts, failures, healthy = result["counts"], result["failures"], result["healthy"]
     rows += [
         "",
-        f"Held-out failures {failures}, healthy runs {healthy} ({result['index']})",
+        f"Held-out failures {failures}, healthy runs {healthy} ({result['index']}"
+        f"{', half ' + result['half'] if result['half'] else ''})",
         f"named with the settled fix: {share(counts['named right'], failures)}",
         f"named wrong:                {share(counts['named wrong'], failures)}"
         f" ({result['wrong_where_nothing_settled']} where the thread settled nothing,"
@@ -182,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=Path, default=None,
                         help="the held-out index.yaml (default: the set waiting to be measured, "
                              f"{DEFAULT_INDEX.relative_to(REPO)}, when there is one)")
+    parser.add_argument("--half", choices=("build", "measure"), default=None,
+                        help="only the entries of this half of a set split before any entry was written from it "
+                             "(the index's `half` key): new entries are written from the build half's logs alone, "
+                             "and the measure half says how they generalize")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     args = parser.parse_args(argv)
     index = args.index
@@ -191,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                   " does not exist); give --index", file=sys.stderr)
             return 2
         index = DEFAULT_INDEX
-    result = run(index)
+    result = run(index, args.half)
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0
 
