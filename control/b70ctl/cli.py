@@ -3,7 +3,6 @@ result: rich for people, --json for machines. Exit codes: 0 ok, 1 a check failed
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -22,7 +21,7 @@ from typer.core import TyperGroup
 from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput
 from b70ctl.escaping import TerminalStream, one_line
-from b70ctl.options import json_option
+from b70ctl.options import json_option, print_json
 from b70ctl.recipes import load_recipe, recipe_names
 from b70ctl.report.verdict import describe_bound
 
@@ -109,9 +108,6 @@ def shown(value: object) -> str:
     sequence, and no markup of rich's."""
     return escape(one_line(value))
 
-
-def print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 @recipes_app.command("list")

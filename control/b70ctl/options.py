@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -14,3 +16,8 @@ def json_option(help: str = "Print JSON") -> Any:
 
 
 JsonOption = Annotated[bool, json_option()]
+
+
+def print_json(data: object) -> None:
+    """What --json prints: the document, indented, as the one thing on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")

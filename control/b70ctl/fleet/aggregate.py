@@ -35,6 +35,7 @@ from b70ctl.fleet.layout import (
     read_marker,
 )
 from b70ctl.fleet.model import (
+    USABLE,
     DRIFT_FIELDS,
     ClaimCount,
     ClaimLine,
@@ -59,7 +60,6 @@ from b70ctl.recipes.model import Claim, Recipe
 from b70ctl.report.load import MAX_REPORT_BYTES, LoadedReport, ReportProblem, read_report
 from b70ctl.report.model import Report
 
-USABLE = ("verified", "partial")
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ FIELD_LABELS = {
 }
 
 HostStatus = Literal["verified", "partial", "unreachable", "bad_report", "duplicate"]
+# The statuses whose report the fleet reads figures from: a partial report counts for what it measured.
+USABLE: tuple[HostStatus, ...] = ("verified", "partial")
 
 ProblemKind = Literal[
     "unreadable",

@@ -11,8 +11,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from b70ctl.fleet.model import (
+    FIELD_LABELS,
+    USABLE,
+    ClaimLine,
+    FingerprintGroup,
+    HostEntry,
+    RecipeFleet,
+    WorkloadFigures,
+)
 from b70ctl.report.stats import percentile
-from b70ctl.fleet.model import FIELD_LABELS, ClaimLine, FingerprintGroup, HostEntry, RecipeFleet, WorkloadFigures
 from b70ctl.svg import (
     CLAIM_COLOR,
     LEGEND_SIZE,
@@ -35,7 +43,6 @@ NAMED_TICKS_UP_TO_HOSTS = 40
 ANNOTATED_OUTLIERS_PER_PANEL = 8
 OTHER_COLOR = "#7f7f7f"
 HOST_CURVE_COLOR = "#555555"
-USABLE = ("verified", "partial")
 
 
 def _id_prefix(kind: str, recipe: str) -> str:

@@ -31,6 +31,7 @@ from b70ctl.fleet import plots
 from b70ctl.fleet.aggregate import cyclic_gc_paused
 from b70ctl.fleet.layout import FLEET_JSON
 from b70ctl.fleet.model import (
+    USABLE,
     DRIFT_FIELDS,
     FIELD_LABELS,
     FieldValueEffect,
@@ -56,7 +57,6 @@ FOOTER_RESERVE = 400  # the closing line, always written
 ROWS_SHOWN = 10  # claims, workloads, known failures, input problems: the rest are in fleet.json
 VALUES_SHOWN = 3  # other values of a drifting field
 CELL_CHARACTERS = 200  # a free-text cell from a report (a reason, a description) is cut here
-USABLE = ("verified", "partial")
 _GENERATED_AT = TypeAdapter(datetime)
 
 Attention = Literal["outlier", "failed", "drift"]

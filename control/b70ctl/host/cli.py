@@ -11,7 +11,7 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -24,7 +24,7 @@ from b70ctl.errors import BadInput, first_problem
 from b70ctl.host.fit import HostFit, LockedGroups, PlayHost, host_fit, play_fit
 from b70ctl.host.memory import KV_CACHE_GIB_MIN
 from b70ctl.host_documents import load_facts
-from b70ctl.options import JsonOption, json_option
+from b70ctl.options import JsonOption, json_option, print_json
 from b70ctl.recipes import load_recipe
 from b70host.facts import collect_facts
 from b70host.topology import (
@@ -57,9 +57,6 @@ def _check_root(root: str) -> None:
         raise BadInput(f"--root {root} is not a directory: give the root of a sysfs tree (default /)")
 
 
-def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
-
 
 def _gib(value: int | None) -> str:
     return f"{value / 1024 ** 3:.0f} GiB" if value else "-"
@@ -76,7 +73,7 @@ def facts_command(root: RootOption = "/", free_space_of: FreeSpaceOption = None,
     for warning in facts["warnings"]:
         warn.print(Text.assemble(("warning:", "yellow"), " ", warning))
     if as_json:
-        _print_json(facts)
+        print_json(facts)
         return
     out = Console(soft_wrap=True)  # the summary lines whole, in a terminal or a pipe
     out.print(f"kernel {facts['kernel_release'] or '?'}, RAM {facts['ram_total_gib'] or '?'} GiB, "
@@ -129,7 +126,7 @@ def topology_command(
     result = topology(root, tensor_parallel_size, profile, probe, write, pci_ids=pci_ids,
                       fallback_path=fallback_record_path)
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
     out = Console()
     table = Table("pair", "relation", "common bridge", "ACS", "rule", "Level Zero", "P2P", "reason")
@@ -183,7 +180,7 @@ def fallback_command(
     record = fallback_record(document, signature, printable(evidence), at)
     fallen = apply_fallback(document, record)
     if as_json:
-        _print_json({"record": record, "topology": fallen, "record_json": render_document(record),
+        print_json({"record": record, "topology": fallen, "record_json": render_document(record),
                      "topology_json": render_document(fallen)})
         return
     Console(highlight=False, markup=False, soft_wrap=True).print(
@@ -232,7 +229,7 @@ def fit_command(
                            "--free-space-of")
         fits = fit_play(hosts, releases, packages_lock)
         if as_json:
-            _print_json({name: fit.model_dump(mode="json") for name, fit in fits.items()})
+            print_json({name: fit.model_dump(mode="json") for name, fit in fits.items()})
         else:
             out = Console(soft_wrap=True)
             for name, fit in fits.items():
@@ -259,7 +256,7 @@ def fit_command(
     result = host_fit(load_recipe(recipe), load_facts(facts).model_dump() if facts else
                       collect_facts(root, free_space_of), kv_cache_gib)
     if as_json:
-        _print_json(result.model_dump(mode="json"))
+        print_json(result.model_dump(mode="json"))
     else:
         out = Console(soft_wrap=True)  # one line per verdict, as long as its reason, in a terminal or a pipe
         for name, part in (("GPUs", result.gpus), ("VRAM", result.card), ("RAM", result.ram),
@@ -362,7 +359,7 @@ def release_command(
 
     verdict = release_verdict(*_distribution_and_codename(root, distribution, codename), matrix=load_matrix(releases))
     if as_json:
-        _print_json(verdict.model_dump(mode="json"))
+        print_json(verdict.model_dump(mode="json"))
     else:
         Console(highlight=False, soft_wrap=True).print(
             f"{'[green]ok[/]' if verdict.supported else '[red]refused[/]'} {escape(verdict.message)}")
@@ -390,7 +387,7 @@ def guc_override_command(
                        "give the host's --codename (b70ctl host kernel-plan says when one is needed)")
     cached = cached_guc_override(override, cache)
     if as_json:
-        _print_json(cached.model_dump(mode="json"))
+        print_json(cached.model_dump(mode="json"))
     else:
         Console(highlight=False, soft_wrap=True).print(
             f"GuC {cached.guc}: {cached.cache_path} ({'fetched now' if cached.downloaded else 'cached'}), goes to "
@@ -420,7 +417,7 @@ def kernel_plan_command(
     plan = kernel_plan(load_recipe(recipe), host_facts, *_distribution_and_codename(root, distribution, codename),
                        matrix=matrix)
     if as_json:
-        _print_json(plan.model_dump(mode="json"))
+        print_json(plan.model_dump(mode="json"))
         return
     out = Console(highlight=False, soft_wrap=True)
     if plan.needed:

@@ -20,7 +20,7 @@ from b70ctl.image.patches import VendorPatch, check_series, load_series, sha256_
 from b70ctl.lock.model import load_recipe_and_lock, require_resolved
 from b70ctl.lock.resolve import repository_root
 from b70ctl.lock.vendor import NETWORK_NEEDED, fetch_vendor_patch
-from b70ctl.options import json_option
+from b70ctl.options import json_option, print_json
 
 app = typer.Typer(no_args_is_help=True, help="Images: the DSpark patch series, builds, labels. Builds and patch checks "
                   "read images/ of the b70 checkout b70ctl runs from, or of $B70CTL_REPO_ROOT.")
@@ -31,9 +31,6 @@ DEFAULT_SERIES = "images/xpu-dspark-0.21/patches/series"
 DEFAULT_RECIPE = "pr620-fp8-tp2"
 err = Console(stderr=True)
 
-
-def _print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
 def _checkout() -> Path:
@@ -104,7 +101,7 @@ def patches_check(
     vendor = None if pristine_only else _vendor_patch(series_path, recipe, vendor_patch)
     result = check_series(series_path, vllm_source=vllm_source, keep_dir=keep, vendor=vendor)
     if as_json:
-        _print_json(result.model_dump(mode="json"))
+        print_json(result.model_dump(mode="json"))
     else:
         out = Console()
         out.print(f"series {result.series} (sha256 {result.series_sha256}) on {result.base_tree} "
@@ -186,7 +183,7 @@ def build(
                           variant=variant)
         data = {**plan.model_dump(mode="json"), "build_args": plan.build_args(), "context": plan.context_paths()}
         if as_json:
-            _print_json(data)
+            print_json(data)
         else:
             Console().print_json(json.dumps(data))
         return
@@ -194,7 +191,7 @@ def build(
                                   variant)
     result = {"image": plan.image_tag, "id": image_id, "labels": plan.expected_labels()}
     if as_json:
-        _print_json(result)
+        print_json(result)
     else:
         Console().print(f"built {plan.image_tag} ({image_id})")
 
@@ -316,7 +313,7 @@ def inspect(
     except ImageNotFound as error:
         raise BadInput(f"image {image} does not exist on this engine: build or pull it first") from error
     if as_json:
-        _print_json(labels)
+        print_json(labels)
         return
     out = Console()
     for key, value in sorted(labels.items()):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,7 +14,7 @@ from b70ctl.lock.check import check_installed
 from b70ctl.lock.model import appliance_hash, load_recipe_and_lock
 from b70ctl.lock.registry import DIGEST_PATTERN
 from b70ctl.lock.resolve import resolve_and_write
-from b70ctl.options import JsonOption
+from b70ctl.options import JsonOption, print_json
 
 app = typer.Typer(no_args_is_help=True, help="The lock: what each recipe resolves to, pinned.")
 console = Console(stderr=True)
@@ -32,9 +31,6 @@ GroupOption = Annotated[Optional[list[str]], typer.Option(
     "--group", help="kernel, gpu_runtime or container_engine (repeat); default: every group the lock has")]
 LockOption = Annotated[Optional[Path], typer.Option("--lock", help="Lock file (default: beside the recipe)")]
 
-
-def _print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
 @app.command("resolve")
@@ -65,7 +61,7 @@ def resolve_command(
     loaded, outcome = resolve_and_write(recipe, lock_path=lock, registry_url=registry_url, offline=offline)
     result = outcome.as_json(loaded)
     if as_json:
-        _print_json(result)
+        print_json(result)
     else:
         out = Console(highlight=False, markup=False, soft_wrap=True)
         state = "resolved" if outcome.lock.resolved else "NOT resolved"
@@ -85,7 +81,7 @@ def hash_command(recipe: RecipeOption, lock: LockOption = None, as_json: JsonOpt
     loaded, locked, path = load_recipe_and_lock(recipe, lock)
     digest = appliance_hash(loaded, locked)
     if as_json:
-        _print_json({"recipe": loaded.name, "lock": str(path), "resolved": locked.resolved,
+        print_json({"recipe": loaded.name, "lock": str(path), "resolved": locked.resolved,
                      "appliance_hash": digest})
         return
     if not locked.resolved:
@@ -170,7 +166,7 @@ def check_command(
         raise BadInput("nothing to check: give --models-dir, --target-dir/--drafter-dir or --image-digest")
     report = check_installed(loaded, locked, dirs, image_digest, image_base_digest)
     if as_json:
-        _print_json(report.model_dump(mode="json"))
+        print_json(report.model_dump(mode="json"))
     else:
         out = Console(highlight=False, markup=False, soft_wrap=True)
         out.print(f"{report.recipe}: checked {', '.join(report.checked) or 'nothing'} against the lock "

@@ -3,8 +3,6 @@ Imported only when one of them runs (b70ctl's startup stays small for the roles'
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import cast
 
@@ -12,6 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from b70ctl.options import print_json
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, read_bounded, read_bounded_stdin, read_yaml_mapping
 from b70ctl.lock.debcache import (
@@ -29,9 +28,6 @@ from b70ctl.lock.debs_model import GROUPS, Group, PackageSet, SeriesLock
 
 out = Console(highlight=False, markup=False, soft_wrap=True)
 
-
-def _print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
 def _groups(names: list[str], one: SeriesLock) -> list[Group]:
@@ -74,7 +70,7 @@ def resolve_host_packages(package_set_path: Path | None, lock_path: Path | None,
                    "groups": {name: group.model_dump(mode="json") for name, group in one.groups.items()}}
         for codename, one in lock.series.items()}}
     if as_json:
-        _print_json(summary)
+        print_json(summary)
     else:
         out.print(f"{path}: {'written' if written else 'unchanged'}")
         for codename, one in lock.series.items():
@@ -98,7 +94,7 @@ def fetch_host_packages(codename: str, cache: Path, groups: list[str], lock_path
     one = series_lock(load_debs_lock(path), codename, path)
     result = fetch_groups(one, _groups(groups, one), cache, host_dir, path)
     if as_json:
-        _print_json(result.model_dump(mode="json"))
+        print_json(result.model_dump(mode="json"))
     else:
         out.print(f"{codename}: {len(result.packages)} .deb(s) in {cache}, {result.downloaded} fetched now")
 
@@ -123,7 +119,7 @@ def check_host_packages(codename: str, groups: list[str], installed: str | None,
         text, apt_policy = state.dpkg, state.apt_policy
     report = check_host(one, _groups(groups, one), text, host, path, host_dir, hold, apt_policy)
     if as_json:
-        _print_json(report.model_dump(mode="json"))
+        print_json(report.model_dump(mode="json"))
     else:
         out.print(report.message)
     if not report.ok:

@@ -4,7 +4,6 @@ what a host receives (manifest), all three for every recipe of a play (stage), a
 
 from __future__ import annotations
 
-import json
 import sys
 from enum import Enum
 from pathlib import Path
@@ -16,7 +15,7 @@ from rich.console import Console
 from b70ctl.choices import choice_option
 from b70ctl.errors import BadInput
 from b70ctl.lock.model import load_recipe_and_lock
-from b70ctl.options import json_option
+from b70ctl.options import json_option, print_json
 from b70ctl.recipes import load_recipe
 
 if TYPE_CHECKING:  # the fetch module is imported by the commands that use it
@@ -35,9 +34,6 @@ LockOption = Annotated[Optional[Path], typer.Option("--lock", help="Lock file (d
 JsonOption = Annotated[bool, json_option("Print JSON (with `changed`)")]
 
 
-def _print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
-
 
 def _out() -> Console:
     return Console(highlight=False, markup=False, soft_wrap=True)
@@ -45,7 +41,7 @@ def _out() -> Console:
 
 def _show_fetch(result: FetchResult, as_json: bool) -> None:
     if as_json:
-        _print_json(result.model_dump(mode="json"))
+        print_json(result.model_dump(mode="json"))
         return
     out = _out()
     for model in result.models:
@@ -98,7 +94,7 @@ def cache_command(
     _, locked, _ = load_recipe_and_lock(recipe, lock)
     result = fill_cache(locked, cache_dir)
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
     out = _out()
     for name in result["files"]:
@@ -141,7 +137,7 @@ def convert_command(
                            "checked against the target it will draft for")
     result = convert(src, dst, vllm_version, target, source_revision, load_recipe(recipe) if recipe else None)
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
     out = _out()
     for change in result["changes"]:
@@ -161,7 +157,7 @@ def manifest_command(
 
     manifests = [directory_manifest(directory) for directory in directories]
     if as_json:
-        _print_json({"manifests": [manifest.model_dump(mode="json") for manifest in manifests]})
+        print_json({"manifests": [manifest.model_dump(mode="json") for manifest in manifests]})
         return
     for manifest in manifests:
         total = sum(file.size_bytes for file in manifest.files)
