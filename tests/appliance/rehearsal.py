@@ -59,7 +59,7 @@ class Rehearsal:
 
 # llm-scaler's multi-arc patch at the commit route a's lock pins, kept whole (tests/fixtures/upstream/README.md):
 # neither this machine nor CI reaches GitHub.
-VENDOR_PATCH_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "upstream" / "llm-scaler-vllm_for_multi_arc-8d66bf9.patch"
+VENDOR_PATCH_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "upstream" / "llm-scaler-vllm_for_multi_arc-25095b4.patch"
 
 
 def vendor_patch(recipe: str, given: Path | None = None) -> Path:

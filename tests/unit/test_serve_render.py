@@ -55,7 +55,7 @@ ONE_TOKEN_CRASH = "/work/shared/FACTS.md, Known failures (CORRECTED 2026-12-02):
     "/work/shared/seeds/000_693d97fa2a0e0e9d.txt: \"A raw completion containing only one prompt token entered " \
     "the ESIMD decode kernel before drafting and failed\""
 UPSTREAM_HAS_NO_ESIMD_GATE = "the variable is read by intel/llm-scaler's vllm/patches/vllm_for_multi_arc.patch " \
-    "(8d66bf9, line 13021: `os.environ.get(\"DISABLE_ESIMD_PAGE_ATTN\") != \"1\"`), beside " \
+    "(25095b4, line 19779: `os.environ.get(\"DISABLE_ESIMD_PAGE_ATTN\") != \"1\"`), beside " \
     "`attn_metadata.max_query_len == 1`; no vllm-project/vllm file in the searched source index reads it: route b " \
     "is upstream vLLM, which has no such kernel"
 

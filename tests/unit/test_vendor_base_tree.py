@@ -33,6 +33,9 @@ REGISTRY = "vllm/model_executor/models/registry.py"
 SERIES_FILES = [REGISTRY, "vllm/v1/spec_decode/dflash.py", "vllm/v1/spec_decode/utils.py",
                 "vllm/model_executor/models/qwen3_dflash.py", "vllm/transformers_utils/configs/eagle.py"]
 DFLASH_ENTRY = '    "DFlashDraftModel": ("qwen3_dflash", "DFlashQwen3ForCausalLM"),\n'
+# The multi-arc patch at the commit the base image was built from (tests/fixtures/upstream/README.md): its changes to
+# the series' files are the ground every generated vendor patch starts from, as on the real base.
+REAL_VENDOR_PATCH = REPO / "tests" / "fixtures" / "upstream" / "llm-scaler-vllm_for_multi_arc-25095b4.patch"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,8 @@ def _git(cwd: Path, *args: str) -> str:
 
 
 def generate_vendor_patch(pristine: Path, directory: Path, edit) -> Path:
-    """A git diff over the series' files (and one file outside vllm/) after `edit(root)` changed them."""
+    """A git diff over the series' files (and one file outside vllm/): the real multi-arc patch's changes to them,
+    then `edit(root)`'s."""
     root = directory / "vendor-src"
     for relative in SERIES_FILES:
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -57,6 +61,7 @@ def generate_vendor_patch(pristine: Path, directory: Path, edit) -> Path:
     _git(root, "init", "-q", ".")
     _git(root, "add", ".")
     _git(root, "commit", "-q", "-m", "v0.21.0")
+    _git(root, "apply", *(f"--include={relative}" for relative in SERIES_FILES), str(REAL_VENDOR_PATCH))
     edit(root)
     (root / "requirements" / "xpu.txt").write_text("torch==2.11.0+xpu\n")
     patch = directory / "vllm_for_multi_arc.patch"
@@ -141,14 +146,15 @@ def test_a_vendor_patch_that_conflicts_fails_naming_both(pristine, tmp_path):
     assert failure is not None
     assert (failure.patch, failure.file, failure.conflicts_with) == (
         "0003-registry-dspark-draft-model.patch", REGISTRY, "vllm_for_multi_arc.patch")
-    # The same series applies to pristine: it is the vendor patch that moved the ground.
-    assert check_series(SERIES).ok
+    # The same series applies on the real patch's changes alone: it is the vendor's extra line that moved the ground.
+    real = generate_vendor_patch(pristine, tmp_path / "real", lambda root: None)
+    assert check_series(SERIES, vendor=_vendor(real)).ok
 
     runner = CliRunner()
     failed = runner.invoke(app, ["image", "patches", "check", "--series", str(_series_with_vendor_line(tmp_path)),
                                  "--vendor-patch", str(patch)])
     assert failed.exit_code == 1, failed.output
-    assert ("patch 0003-registry-dspark-draft-model.patch: hunk #1 (@@ -587,6 +587,8 @@) of "
+    assert ("patch 0003-registry-dspark-draft-model.patch: hunk #1 (@@ -600,6 +600,8 @@) of "
             f"{REGISTRY} does not apply on top of vllm_for_multi_arc.patch, which changes {REGISTRY} too") in (
         " ".join(failed.output.split()))
 
@@ -176,7 +182,7 @@ def test_the_cli_checks_the_vendor_patch_against_the_lock(pristine, tmp_path, mo
     runner = CliRunner()
     refused = runner.invoke(app, ["image", "patches", "check", "--vendor-patch", str(impostor)])
     assert isinstance(refused.exception, BadInput) and refused.exception.exit_code == 2  # main() exits 2
-    assert "is not the pinned 2443d6ab4de9543ac03e04a0a0651f07d834d6a88488c19f65882122265fd061" in (
+    assert "is not the pinned 46bb6523baa9658663afd7282e4bf728aa48969cf96562c4737673bbd816ee16" in (
         " ".join(str(refused.exception).split()))
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
@@ -193,7 +199,7 @@ def test_lock_resolve_pins_the_vendor_commit_and_sha256(tmp_path, monkeypatch):
     import threading
 
     body = b"diff --git a/vllm/x.py b/vllm/x.py\n"
-    commit = "8d66bf9e5395de849228d17611870910c091e1e4"
+    commit = "25095b41087caaeba31691287346532ea5019624"
     requests: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -242,9 +248,10 @@ def test_lock_resolve_pins_the_vendor_commit_and_sha256(tmp_path, monkeypatch):
 def test_the_shipped_lock_names_the_tree_the_series_was_checked_against():
     lock = json.loads((REPO / "control/b70ctl/recipes/data/pr620-fp8-tp2.lock.json").read_text())
     vendor = lock["patch_series"]["vendor_patch"]
-    # Read from intel/llm-scaler at 8d66bf9 (images/xpu-dspark-0.21/patches/README.md).
+    # Read from intel/llm-scaler at 25095b4, the commit 0.21.0-b3.1 was built from (images/xpu-dspark-0.21/patches/
+    # README.md).
     assert (vendor["repo"], vendor["revision"], vendor["path"], vendor["sha256"]) == (
-        "intel/llm-scaler", "8d66bf9e5395de849228d17611870910c091e1e4", "vllm/patches/vllm_for_multi_arc.patch",
-        "2443d6ab4de9543ac03e04a0a0651f07d834d6a88488c19f65882122265fd061")
-    assert "intel/llm-scaler@8d66bf9e5395:vllm/patches/vllm_for_multi_arc.patch" in lock["patch_series"]["base_tree"]
+        "intel/llm-scaler", "25095b41087caaeba31691287346532ea5019624", "vllm/patches/vllm_for_multi_arc.patch",
+        "46bb6523baa9658663afd7282e4bf728aa48969cf96562c4737673bbd816ee16")
+    assert "intel/llm-scaler@25095b41087c:vllm/patches/vllm_for_multi_arc.patch" in lock["patch_series"]["base_tree"]
     assert vendor_module.GITHUB_RAW_DEFAULT == "https://raw.githubusercontent.com"

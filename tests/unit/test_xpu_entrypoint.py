@@ -2,9 +2,9 @@
 
 The layouts are written from the bases' own Dockerfiles, quoted below (repo + path + commit):
 
-intel/llm-scaler, vllm/docker/Dockerfile at 8d66bf9e5395de849228d17611870910c091e1e4 (the newest stored commit,
-after PR #600 "docker: remove invalid oneAPI setvars sourcing", c22f27a), the runtime stage of the 0.21 image
-route a builds on:
+intel/llm-scaler, vllm/docker/Dockerfile at 25095b41087caaeba31691287346532ea5019624 (the commit 0.21.0-b3.1 was
+built from, after PR #600 "docker: remove invalid oneAPI setvars sourcing", c22f27a), the runtime stage of the 0.21
+image route a builds on:
     # Stage 2: runtime -- lightweight serving image (no compiler, no /opt/intel/oneapi)
     mkdir -p /opt/intel/oneapi/ccl && \\
     cp -a /tmp/oneccl-runtime/_installdir/ccl/2021.15 /opt/intel/oneapi/ccl/ && \\
