@@ -270,6 +270,81 @@ def test_tune_serves_its_baseline_and_a_candidate_through_the_unit_then_puts_it_
     assert any("restored and healthy" in message for message in progress), progress
 
 
+RECIPES_DATA = REPO_ROOT / "control" / "b70ctl" / "recipes" / "data"
+RACE_BUDGET = 12  # one round of the three candidates (3 x 1 request x 2 workloads) and the final (2 x 1 x 2)
+
+
+def race_recipe_file(name: str, directory: Path) -> Path:
+    """The catalogue's recipe NAME as a recipe file sized for CI, as an owner would write one: two workloads of one
+    request, the baseline and candidates at TP=1 (each start is then one process), and cpu-tiny's tune space cut
+    to its served k=4, so the race is the embedded default's three methods: draft_model k=4, ngram, none."""
+    data = load_recipe(name).model_dump(mode="json", exclude_none=True)
+    data["serve"]["tensor_parallel_size"] = 1
+    data["workloads"] = [{**workload, "min_requests": 1, "max_requests": 1}
+                         for workload in data["workloads"] if workload["name"] in ("short", "acceptance_friendly")]
+    if data.get("tune"):
+        data["tune"] = {"num_speculative_tokens": [4], "budget_requests": RACE_BUDGET, "first_rung_requests": 1,
+                        "final_requests": 1}
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    # Its lock beside it, as for any recipe file: the catalogue's, which pins the same image and models.
+    shutil.copyfile(RECIPES_DATA / f"{name}.lock.json", directory / f"{name}.lock.json")
+    return path
+
+
+def test_race_on_the_test_host_through_playbooks_tune_yml(provisioned, tmp_path) -> None:
+    """playbooks/tune.yml with b70_tune_recipes, as an owner runs the race: b70ctl tune on the controller serves the
+    host recipe's k=4, cpu-tiny-ngram and cpu-tiny-target-only one after the other through the host's own unit
+    (unit ExecStart -> docker -> the image's entrypoint -> vLLM), gates each against silent garbage, measures them
+    on the same workloads, places the winner's b70_tuned.yml beside the inventory and puts the unit back. Which
+    recipe wins is this machine's measurement: that each candidate was served, gated and measured is asserted."""
+    appliance, _, _ = provisioned
+    host = appliance.host(1)
+    remote = on(host.name)
+    installed_text = remote.file("/etc/systemd/system/b70-vllm.service").content_string
+    recipes = [race_recipe_file(name, tmp_path) for name in ("cpu-tiny", "cpu-tiny-ngram", "cpu-tiny-target-only")]
+    tune_dir, host_vars = tmp_path / "tune", tmp_path / "host_vars" / host.name
+    inventory = appliance.inventory("tune-race", [host], group_vars={
+        "b70_recipe": str(recipes[0]), "b70_tune_recipes": [str(path) for path in recipes[1:]],
+        "vllm_serve_tune_budget_requests": RACE_BUDGET,
+        # The report and host_vars/ away from the inventories the other tests share, whose runs would apply them.
+        "vllm_serve_tune_dir": str(tune_dir), "vllm_serve_tune_host_vars_dir": str(host_vars)})
+    run = run_playbook(inventory, playbook="playbooks/tune.yml")
+    assert run.returncode == 0, run.output[-4000:]
+    assert_recap(run, [host.name], failed=0)
+
+    report = json.loads((tune_dir / "tune.json").read_text())
+    assert report["race"] == ["cpu-tiny", "cpu-tiny-ngram", "cpu-tiny-target-only"]
+    candidates = report["candidates"]
+    assert sorted(candidate["recipe"] for candidate in candidates) == report["race"], candidates
+    assert next(c for c in candidates if c["recipe"] == "cpu-tiny")["overrides"]["num_speculative_tokens"] == 4
+    # Greedy speculation is lossless: each candidate matched the target-only baseline token for token, and the gate
+    # (repeats, the long shared prefix from the cache, runs of one token) passed at its first serve on the host.
+    for candidate in candidates:
+        assert candidate["disqualified"] is None and candidate["correctness"] == "5/5 identical", candidate
+        assert candidate["gate"] is not None and candidate["gate"].startswith("gate passed"), candidate
+        assert candidate["halving"]["n"] == 2 and candidate["halving"]["score_tok_s"] > 0, candidate
+    assert report["outcome"] in ("tuned", "default_best") and report["final"] is not None
+    assert report["spent_requests"] <= RACE_BUDGET
+    winner = next(c for c in candidates if c["key"] == report["final"]["winner_key"])
+    assert report["winner_recipe"] == (winner["recipe"] if report["outcome"] == "tuned" else "cpu-tiny")
+    # The winner's recipe and settings, placed where the next site.yml reads them, and the play said so.
+    placed = yaml.safe_load((host_vars / "b70_tuned.yml").read_text())
+    assert placed == yaml.safe_load((tune_dir / "b70_tuned.yml").read_text())
+    assert placed["b70_recipe"] == report["winner_recipe"] == placed["vllm_serve_tuned"]["recipe"]
+    assert f"report {tune_dir}/tune.md; apply it with site.yml or playbooks/serve.yml" in run.output
+    # Each candidate's row beside the others in the report.
+    table = (tune_dir / "tune.md").read_text()
+    assert all(candidate["label"] in table for candidate in candidates), table
+    # The unit as the serving stage installed it, serving again, and the baseline unit started again.
+    assert remote.check_output("systemctl show -p DropInPaths --value b70-vllm") == ""
+    assert remote.check_output("systemctl cat b70-vllm") == (
+        "# /etc/systemd/system/b70-vllm.service\n" + installed_text).strip()
+    assert remote.service("b70-vllm").is_running and answers(host.address, 8000, "/v1/models")
+    wait_until_serving(host.address, UNITS["b70-vllm-baseline"])
+    print(f"\n{report['summary']}\n{table}")
+
+
 def test_image_digest_that_does_not_exist_fails_and_serving_stays(provisioned) -> None:
     appliance, _, _ = provisioned
     host = appliance.host(1)
