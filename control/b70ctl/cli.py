@@ -19,7 +19,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from b70ctl.choices import choice_option
-from b70ctl.errors import BadInput
+from b70ctl.errors import B70Error, BadInput
 from b70ctl.escaping import TerminalStream, one_line
 from b70ctl.options import json_option, print_json
 from b70ctl.recipes import load_recipe, recipe_names
@@ -434,7 +434,7 @@ def main() -> None:
 def _run(debug: bool) -> None:
     try:
         app()
-    except BadInput as error:
+    except B70Error as error:
         # escaped: a message may quote a path or an install hint in brackets ('b70ctl[appliance]')
         # printable: a message may quote what a server sent (an echoed key, an escape sequence)
         line = one_line(error)

@@ -1,14 +1,22 @@
-"""Errors that end a command with a one-line message.
+"""Errors that end a command with a one-line message: the hierarchy b70host defines (B70Error and its families,
+each with its exit code), for b70ctl to import from one place.
 
-BadInput (exit 2): the user's input or the endpoint is wrong; the message names the problem and the fix.
-CheckFailed (exit 1) is not an exception: checks return results and the CLI maps them to exit codes.
+B70Error's families: BadInput (the user's input), Unreachable (an endpoint, a registry, an API, a host), Refused (a
+domain refusal), HostFailed (a command on a host), CheckAborted (a check stopped before its end). A failed check
+is not an exception: checks return results and the CLI maps them to exit codes (1).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from b70host import BadInput as BadInput  # the host package refuses with the same exception
+# The host package refuses with the same exceptions.
+from b70host import B70Error as B70Error
+from b70host import BadInput as BadInput
+from b70host import CheckAborted as CheckAborted
+from b70host import HostFailed as HostFailed
+from b70host import Refused as Refused
+from b70host import Unreachable as Unreachable
 
 if TYPE_CHECKING:
     from pydantic import ValidationError

@@ -37,7 +37,7 @@ from b70ctl.checks.gate import cite_correctness, run_gate
 from b70ctl.checks.metrics import NUM_DRAFTS, CountersUnusable, MetricsUnavailable, snapshot
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import reject_impossible_engine_figures, run_throughput
-from b70ctl.errors import BadInput, first_problem
+from b70ctl.errors import BadInput, CheckAborted, Unreachable, first_problem
 from b70ctl.files import WRITE_LIMITS, file_kind, read_json_object, read_own_json_object, write_text_atomically
 from b70ctl.recipes.model import Recipe
 from b70ctl.redact import printable, without_controls
@@ -155,12 +155,14 @@ def require_reachable(client: VllmClient, what: str) -> list[str]:
     except EndpointError as error:
         if error.answered:
             raise BadInput(f"{what} {client.endpoint.base_url}: {error.reason}") from error
-        raise BadInput(f"{what} {client.endpoint.base_url} unreachable: {error.reason}: check the URL and that "
+        raise Unreachable(f"{what} {client.endpoint.base_url} unreachable: {error.reason}: check the URL and that "
                        "the server is up (/health)") from error
 
 
-class Terminated(Exception):
+class Terminated(CheckAborted):  # noqa: N818 - a stop, named for what stopped it
     """SIGTERM, as systemd and Ansible stop a run: it ends like an interrupt, with the report marked partial."""
+
+    exit_code = 143
 
 
 class OutDirBusy(BadInput):

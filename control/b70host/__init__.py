@@ -19,10 +19,36 @@ the controller and the host print the same documents.
 from __future__ import annotations
 
 
-class BadInput(Exception):
-    """Bad input or unreachable service: exit 2 with one line naming the problem and the fix.
+class B70Error(Exception):
+    """An error that ends a command with one line naming the problem and the fix, and exit_code.
 
-    Defined here, not in b70ctl, because host code refuses too (topology's refusals): b70ctl.errors re-exports this
-    class, so one exception means "one line, exit 2" on both sides."""
+    Defined here, not in b70ctl, because host code refuses too (topology's refusals): b70ctl.errors re-exports the
+    hierarchy, so one exception means "one line, this exit code" on both sides. Catch a family to handle one kind
+    of failure; b70ctl's entry point catches B70Error. Each family is a subclass:
+    - BadInput: the user's input is wrong (a flag, a file, a document, a name);
+    - Unreachable: an endpoint, a registry, an API or a host could not be reached;
+    - Refused: the input is well formed and the domain refuses it (a topology, a file that fails its hash);
+    - HostFailed: a command on a host ran and failed;
+    - CheckAborted: a check stopped before its end (a signal, its deadline)."""
 
     exit_code = 2
+
+
+class BadInput(B70Error):
+    """The user's input is wrong: exit 2 with one line naming the problem and the fix."""
+
+
+class Unreachable(B70Error):
+    """An endpoint, a registry, an API or a host could not be reached: exit 2, naming what and how to check it."""
+
+
+class Refused(B70Error):
+    """Well-formed input the domain refuses (a topology it cannot serve, a file that fails its hash): exit 2."""
+
+
+class HostFailed(B70Error):
+    """A command on a host ran and failed: exit 2 with its last line."""
+
+
+class CheckAborted(B70Error):
+    """A check stopped before its end; what it measured so far is kept, marked partial."""

@@ -26,7 +26,7 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from b70host import BadInput
+from b70host import B70Error, BadInput
 from b70host.facts import collect_facts
 
 DOCUMENTS = (("topology", "topology.json", "playbooks/host.yml"), ("image", "image.json", "playbooks/image.yml"),
@@ -83,7 +83,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         collected = bundle(args.hostname, args.root, args.etc_dir, args.require)
-    except BadInput as refused:
+    except B70Error as refused:
         sys.stderr.write("error: %s\n" % refused)
         return 2
     for warning in collected["facts"].get("warnings", []):

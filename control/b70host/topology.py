@@ -37,12 +37,13 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Final, List, Literal, Optional, Sequence, Tuple
 
-from b70host import BadInput, level_zero
+from b70host import Refused, level_zero
 from b70host.facts import collect_facts
 
 
-class TopologyRefused(BadInput):
-    """Nothing was written: one line and exit 2 (b70ctl's BadInput; main() below when run on a host)."""
+class TopologyRefused(Refused):
+    """Nothing was written: one line and exit 2 (a Refused, as b70ctl's entry point reports it; main() below when
+    run on a host)."""
 
 # 2: each pair names the P2PDMA rule that decided it; the document records the CPU and host bridges it used.
 # Later additions (profile_reason, gpu_pci_ids, a probe's peer_memory_opened) are optional fields of schema 2.

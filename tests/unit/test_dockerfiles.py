@@ -17,7 +17,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from b70ctl.cli import main
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, Refused
 from b70ctl.image.build import (
     LABEL_BASE_DIGEST,
     LABEL_SERIES_SHA256,
@@ -178,7 +178,7 @@ def test_a_tampered_patch_is_refused_before_the_build(tmp_path):
     patch = root / "images" / "xpu-dspark-0.21" / "patches" / "0005-dflash-proposer-dspark.patch"
     patch.write_text(patch.read_text().replace("DSPARK_DEFAULT_CONFIDENCE_THRESHOLD = 0.5",
                                                "DSPARK_DEFAULT_CONFIDENCE_THRESHOLD = 0.1"))
-    with pytest.raises(BadInput, match=r"patch 0005-dflash-proposer-dspark\.patch: sha256"):
+    with pytest.raises(Refused, match=r"patch 0005-dflash-proposer-dspark\.patch: sha256"):
         plan_build(load_recipe("pr620-fp8-tp2"), resolved_lock("pr620-fp8-tp2"), root)
 
 

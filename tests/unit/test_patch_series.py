@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from b70ctl.cli import app, main
-from b70ctl.errors import BadInput
+from b70ctl.errors import Refused
 from b70ctl.image.patches import (
     VendorPatch,
     apply_vendor_patch,
@@ -128,7 +128,7 @@ def test_readout_fix_lands_where_0210_reads_out(base_tree, patched):
 def test_tampered_patch_is_refused_by_name_before_anything_is_applied(series_copy, tmp_path):
     patch = series_copy.parent / "0003-registry-dspark-draft-model.patch"
     patch.write_text(patch.read_text().replace("DSparkDraftModel", "DSparkDraftModeI"))
-    with pytest.raises(BadInput, match=r"patch 0003-registry-dspark-draft-model\.patch: sha256 [0-9a-f]{64} does not"):
+    with pytest.raises(Refused, match=r"patch 0003-registry-dspark-draft-model\.patch: sha256 [0-9a-f]{64} does not"):
         # The source does not even exist: the hash check must come first.
         check_series(series_copy, vllm_source=tmp_path / "nowhere")
 
@@ -137,7 +137,7 @@ def test_tampered_series_hash_is_refused(series_copy):
     text = series_copy.read_text()
     entry = load_series(SERIES).entries[1]
     series_copy.write_text(text.replace(entry.sha256, "0" * 64))
-    with pytest.raises(BadInput, match=r"patch 0002-qwen3-dflash-dspark-draft-model\.patch: sha256"):
+    with pytest.raises(Refused, match=r"patch 0002-qwen3-dflash-dspark-draft-model\.patch: sha256"):
         load_series(series_copy)
 
 
@@ -495,6 +495,6 @@ def test_a_wheel_with_the_wrong_hash_is_refused_and_not_cached(tmp_path, monkeyp
     impostor = tmp_path / "impostor.whl"
     impostor.write_bytes(b"not the pinned wheel")
     monkeypatch.setattr(patches.subprocess, "run", _fake_pip(impostor, []))
-    with pytest.raises(BadInput, match="has sha256 .* pinned b3517d55"):
+    with pytest.raises(Refused, match="has sha256 .* pinned b3517d55"):
         patches.pristine_wheel("0.21.0", cache_dir=tmp_path / "cache")
     assert list((tmp_path / "cache" / "wheels").iterdir()) == []

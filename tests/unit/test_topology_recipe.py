@@ -13,12 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from b70ctl.cli import app, main
-from b70ctl.errors import BadInput
 from b70ctl.host.fit import host_fit
 from b70ctl.host.memory import usable_gpus
 from b70ctl.recipes import load_recipe
 from b70host.facts import collect_facts
-from b70host.topology import CCL_PROFILES, TOPOLOGY_PATH, PairTopology, Probe, all_pairs, analyse, decide, topology
+from b70host.topology import (CCL_PROFILES, TOPOLOGY_PATH, PairTopology, Probe, TopologyRefused, all_pairs, analyse,
+                              decide, topology)
 from host_package import host_module
 from sysfs_trees import REPO, build_tree
 
@@ -97,7 +97,7 @@ def test_the_role_passes_the_recipes_ids() -> None:
 def test_a_tp2_recipe_on_one_b70_is_refused_even_beside_a_b60(tmp_path: Path) -> None:
     """The B60 does not make up the count: nothing written, one line naming the PCI id."""
     root = build_tree(tmp_path, "b70x2-b60")
-    with pytest.raises(BadInput, match=r"tensor-parallel size 3 but 2 usable GPU\(s\) .*PCI id 8086:e223"):
+    with pytest.raises(TopologyRefused, match=r"tensor-parallel size 3 but 2 usable GPU\(s\) .*PCI id 8086:e223"):
         topology(root, 3, probe="never", write=True, pci_ids=[B70_ID])
     assert not (Path(root) / TOPOLOGY_PATH.lstrip("/")).exists()
 
@@ -184,7 +184,7 @@ def test_no_group_device_is_a_minor_numbered_name(tmp_path: Path) -> None:
 
 def test_write_refuses_a_symlinked_etc_b70_leading_out_of_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """Through the console script's entry point, which maps BadInput to one line and exit 2."""
+    """Through the console script's entry point, which maps every B70Error to one line and its exit code (2)."""
     root = Path(build_tree(tmp_path, "b70x2-switch"))
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -209,7 +209,7 @@ def test_write_refuses_a_symlinked_etc_too(tmp_path: Path) -> None:
     outside = tmp_path / "elsewhere"
     (outside / "b70").mkdir(parents=True)
     (root / "etc").symlink_to(outside)
-    with pytest.raises(BadInput, match="outside --root"):
+    with pytest.raises(TopologyRefused, match="outside --root"):
         topology(str(root), probe="never", write=True)
     assert list((outside / "b70").iterdir()) == []
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from b70ctl.checks.client import Endpoint
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, Unreachable
 from b70ctl.recipes.model import Claim, CorrectnessSettings
 from b70ctl.verify import VerifyRequest, verify
 from scripted_server import Script, ScriptedServer
@@ -114,13 +114,15 @@ def test_http_500_fails_a_check_and_keeps_the_rest(servers, tmp_path):
     assert report.measurements["throughput.short.decode_tok_s.median"] > 0
 
 
-def test_unreachable_endpoint_is_bad_input(tmp_path):
+def test_unreachable_endpoint_is_unreachable_with_exit_2_and_writes_nothing(tmp_path):
     recipe = scripted_recipe(SHORT_RATE)
     with ScriptedServer() as baseline:
         request = VerifyRequest(recipe=recipe, out_dir=tmp_path, endpoint=Endpoint("http://127.0.0.1:9", timeout_s=2),
                                 baseline_endpoint=Endpoint(baseline.url, timeout_s=2))
-        with pytest.raises(BadInput, match=r"endpoint http://127.0.0.1:9 unreachable: .*connection refused"):
+        with pytest.raises(Unreachable, match=r"endpoint http://127.0.0.1:9 unreachable: .*connection refused") \
+                as refused:
             verify(request)
+    assert refused.value.exit_code == 2 and not isinstance(refused.value, BadInput)
     assert not (tmp_path / "report.json").exists()
 
 

@@ -18,6 +18,8 @@ from typing import Any, Literal
 import httpcore
 import httpx
 
+from b70ctl.errors import CheckAborted
+
 Api = Literal["completions", "chat"]
 DEFAULT_MAX_ANSWER_BYTES = 64 * 2**20
 # The slowest decode a request is given time for: its total deadline is --timeout plus max_tokens at this rate. A
@@ -31,7 +33,7 @@ def request_deadline_s(timeout_s: float, max_tokens: int | None) -> float:
     return timeout_s + (max_tokens or 0) / FLOOR_DECODE_TOK_S
 
 
-class RunDeadlineExceeded(Exception):  # noqa: N818 - named like Terminated, which it ends the run as
+class RunDeadlineExceeded(CheckAborted):  # noqa: N818 - named like Terminated, which it ends the run as
     """The run's --deadline passed: the run ends with the report marked partial, naming the deadline."""
 
     def __init__(self, deadline_s: float):

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from b70ctl.diagnose.match import LineBatch
 from b70ctl.diagnose.model import LogKind, LogLine
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, Unreachable
 from b70ctl.extras import require
 from b70ctl.files import open_regular, over_cap
 from b70ctl.report.load import MAX_REPORT_BYTES
@@ -357,7 +357,7 @@ def ssh_runner(host: str, config_path: Path | None = None,
     except (socket.gaierror, socket.timeout, OSError) as error:
         client.close()
         reason = getattr(error, "strerror", None) or str(error) or error.__class__.__name__
-        raise BadInput(f"ssh {host} ({target}): unreachable ({reason}): check the name, the port and that sshd "
+        raise Unreachable(f"ssh {host} ({target}): unreachable ({reason}): check the name, the port and that sshd "
                        f"runs") from error
 
     def run(argv: list[str]) -> tuple[int, str, str]:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, Unreachable
 from b70ctl.extras import require
 from b70ctl.image.documents import DIGEST_REFERENCE, ProvidedImage, ProvidedImages
 from b70ctl.image.build import BuildFailed, default_archive_dir, image_labels, plan_build, run_build, save_archive
@@ -127,8 +127,8 @@ def _docker_client() -> Any:
         client = docker.from_env()
         client.ping()
     except DockerException as error:
-        raise BadInput(f"no docker engine reachable ({error.__class__.__name__}): start dockerd or set DOCKER_HOST") \
-            from None
+        raise Unreachable(f"no docker engine reachable ({error.__class__.__name__}): start dockerd or set "
+                          "DOCKER_HOST") from None
     return client
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from pydantic import Field
 
 from b70ctl.documents import Pinned as Strict
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, Refused
 
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 # Pristine wheels, pinned by hash: the Python tree they ship is what the series is written against. The platform
@@ -189,7 +189,7 @@ def load_series(path: Path) -> PatchSeries:
             raise BadInput(f"patch {entry.file} listed in {path} is missing")
         actual = sha256_file(patch)
         if actual != entry.sha256:
-            raise BadInput(f"patch {entry.file}: sha256 {actual} does not match the series ({entry.sha256}): "
+            raise Refused(f"patch {entry.file}: sha256 {actual} does not match the series ({entry.sha256}): "
                            "review the patch, then write its sha256 into the series")
     return PatchSeries(path=path, base_vllm=base, vendor=vendor, entries=entries,
                        series_sha256=hashlib.sha256(raw).hexdigest())
@@ -227,7 +227,7 @@ def pristine_wheel(version: str, cache_dir: Path | None = None) -> Path:
                            "is reachable, or pass --vllm-source DIR")
         actual = sha256_file(downloaded)
         if actual != expected:
-            raise BadInput(f"downloaded {filename} has sha256 {actual}, pinned {expected}: the index serves a "
+            raise Refused(f"downloaded {filename} has sha256 {actual}, pinned {expected}: the index serves a "
                            "different file; refusing it")
         os.replace(downloaded, wheel)
     return wheel
@@ -380,7 +380,7 @@ def check_series(series_path: Path, vllm_source: Path | None = None, keep_dir: P
     that is removed afterwards."""
     series = load_series(series_path)
     if vendor is not None and sha256_file(vendor.file) != vendor.sha256:
-        raise BadInput(f"vendor patch {vendor.file}: sha256 {sha256_file(vendor.file)} is not the pinned "
+        raise Refused(f"vendor patch {vendor.file}: sha256 {sha256_file(vendor.file)} is not the pinned "
                        f"{vendor.sha256} ({vendor.description}): give the file at the pinned commit")
     if keep_dir is not None and Path(keep_dir).exists():
         raise BadInput(f"{keep_dir} already exists: name a new directory for the patched tree")

@@ -20,7 +20,7 @@ from debian.debian_support import version_compare
 from pydantic import Field, ValidationError
 
 from b70ctl.documents import Pinned as Strict
-from b70ctl.errors import BadInput, first_problem
+from b70ctl.errors import BadInput, Refused, first_problem
 from b70ctl.files import read_json_object, write_json_atomically
 from b70ctl.lock.debs import ResolveError
 from b70ctl.lock.debs_model import DebPin, Group, HostPackageLock, SeriesLock
@@ -186,7 +186,7 @@ def _fetch_pin_locked(pin: Fetchable, cache: Path, final: Path) -> tuple[Path, b
     actual = _sha256_of(partial)
     if actual != pin.sha256 or partial.stat().st_size != pin.size_bytes:
         partial.unlink()
-        raise BadInput(f"{pin.filename}: sha256 {actual} of {pin.url} differs from the lock's {pin.sha256}: the "
+        raise Refused(f"{pin.filename}: sha256 {actual} of {pin.url} differs from the lock's {pin.sha256}: the "
                        "source changed the file; nothing was cached (to accept a new build: `b70ctl lock resolve "
                        "--host-packages`)")
     os.replace(partial, final)

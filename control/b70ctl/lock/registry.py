@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, Unreachable
 
 REGISTRY_URL_ENV = "B70CTL_REGISTRY_URL"
 DOCKER_HUB_REGISTRY = "registry-1.docker.io"
@@ -115,7 +115,7 @@ def _manifest_request(reference: ImageReference, ref: str, registry_url: str | N
                     "sha256:" + hashlib.sha256(body.content).hexdigest())
             return 200, digest
     except httpx.HTTPError as error:
-        raise BadInput(f"registry for {reference} is unreachable at {url} ({error.__class__.__name__}): "
+        raise Unreachable(f"registry for {reference} is unreachable at {url} ({error.__class__.__name__}): "
                        f"run where the registry is reachable, or set {REGISTRY_URL_ENV} to a mirror") from error
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from b70ctl.errors import BadInput
+from b70ctl.errors import B70Error, BadInput
 from b70ctl.extras import require
 from b70ctl.lock.model import (
     FilePin,
@@ -184,7 +184,7 @@ def image_pin(recipe: Recipe, registry_url: str | None, offline: bool, previous:
             return ImagePin(**fields, digest=resolve_tag(image.reference, image.tag, registry_url), resolved=True)
         assert base is not None
         return ImagePin(**fields, base_digest=resolve_tag(base, None, registry_url), resolved=True)
-    except BadInput as error:
+    except B70Error as error:
         return ImagePin(**fields, unresolved_reason=str(error))
 
 
@@ -274,7 +274,7 @@ def patch_series_pin(recipe: Recipe, repo_root: Path, offline: bool = False,
         try:
             vendor = vendor_patch_pin(directives["vendor-patch"], offline,
                                       previous.vendor_patch if previous is not None else None)
-        except BadInput as error:
+        except B70Error as error:
             return PatchSeriesPin(applicable=True, path=relative, unresolved_reason=str(error))
     base_vllm = directives.get("base-vllm")
     return PatchSeriesPin(applicable=True, path=relative, series_sha256=sha256_file(series), patches=patches,
@@ -304,7 +304,7 @@ def resolve_lock(recipe: Recipe, *, previous: Lock | None = None, endpoint: str 
             continue
         try:
             models[role] = hub_pin(role, spec, endpoint)
-        except BadInput as error:
+        except B70Error as error:
             models[role] = unresolved_model_pin(role, spec, str(error))
     target = models["target"]
     assert target is not None

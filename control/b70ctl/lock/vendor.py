@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, Refused, Unreachable
 from b70ctl.files import write_text_atomically
 
 GIT_COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -59,7 +59,7 @@ def resolve_commit(repo: str, revision: str, timeout_s: float = 30.0) -> str:
         response = httpx.get(url, headers={"Accept": "application/vnd.github.sha"}, timeout=timeout_s,
                              follow_redirects=True)
     except httpx.HTTPError as error:
-        raise BadInput(f"GitHub API {github_api()} unreachable for {repo}@{revision} "
+        raise Unreachable(f"GitHub API {github_api()} unreachable for {repo}@{revision} "
                        f"({error.__class__.__name__}): needs {NETWORK_NEEDED}") from error
     commit = response.text.strip()
     if response.status_code != 200 or not GIT_COMMIT.match(commit):
@@ -84,13 +84,13 @@ def fetch_vendor_patch(repo: str, commit: str, path: str, expected_sha256: str |
     try:
         response = httpx.get(url, timeout=timeout_s, follow_redirects=True)
     except httpx.HTTPError as error:
-        raise BadInput(f"cannot download {url} ({error.__class__.__name__}): needs {NETWORK_NEEDED}, or pass "
+        raise Unreachable(f"cannot download {url} ({error.__class__.__name__}): needs {NETWORK_NEEDED}, or pass "
                        "--vendor-patch FILE (a copy of that file)") from error
     if response.status_code != 200:
         raise BadInput(f"{url}: HTTP {response.status_code}: check the series' vendor-patch line")
     actual = _sha256(response.content)
     if expected_sha256 is not None and actual != expected_sha256:
-        raise BadInput(f"{url} has sha256 {actual}, the lock pins {expected_sha256}: refusing it")
+        raise Refused(f"{url} has sha256 {actual}, the lock pins {expected_sha256}: refusing it")
     try:
         text = response.content.decode("utf-8")
     except UnicodeDecodeError as error:

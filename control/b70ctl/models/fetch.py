@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from b70ctl.documents import Document
-from b70ctl.errors import BadInput
+from b70ctl.errors import BadInput, Refused
 from b70ctl.extras import require
 from b70ctl.files import read_own_json_object, write_failure, write_text_atomically
 from b70ctl.lock.model import FilePin, Lock, ModelPin, canonical_json, require_resolved
@@ -337,7 +337,7 @@ def fetch(recipe: Recipe, lock: Lock, dest: Path, source: Source = "hub", source
     return result
 
 
-class FetchFailed(BadInput):
+class FetchFailed(Refused):
     """A file failed verification: the message names it; the partial result says what else happened."""
 
     def __init__(self, result: FetchResult, message: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from b70ctl.checks.client import Endpoint
-from b70ctl.errors import BadInput
+from b70ctl.errors import B70Error
 from b70ctl.host_documents import TopologyDocument
 from b70ctl.recipes.model import Recipe
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container
@@ -96,7 +96,7 @@ class LocalServing:
         serving = self._serve(server_name(candidate), recipe, True, candidate.host_env)
         try:
             endpoint = next(serving)
-        except BadInput as error:
+        except B70Error as error:
             raise CandidateFailed(str(error)) from error
         try:
             yield endpoint

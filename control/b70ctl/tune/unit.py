@@ -34,7 +34,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from b70ctl.checks.client import Endpoint
 from b70ctl.documents import Document
-from b70ctl.errors import BadInput, first_problem
+from b70ctl.errors import BadInput, HostFailed, Unreachable, first_problem
 from b70ctl.host_documents import TopologyDocument
 from b70ctl.recipes.model import Recipe
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container
@@ -46,7 +46,7 @@ DROP_IN_NAME = "b70-tune.conf"
 CONTAINER_DOCUMENT_SUFFIX = ".container.json"
 
 
-class HostCommandFailed(BadInput):
+class HostCommandFailed(HostFailed):
     """A command on the host exited non-zero: exit 2 with its last line, unless the tune can go on without it."""
 
     def __init__(self, argv: list[str], detail: str):
@@ -174,7 +174,7 @@ class SshShell:
         except (OSError, subprocess.TimeoutExpired) as error:
             raise HostCommandFailed(argv, str(error)) from error
         if completed.returncode == 255:
-            raise BadInput(f"{self.host.name}: SSH to {self.host.address}:{self.host.ssh_port} failed: "
+            raise Unreachable(f"{self.host.name}: SSH to {self.host.address}:{self.host.ssh_port} failed: "
                            f"{(completed.stderr.strip().splitlines() or ['no message'])[-1][:300]}: check the "
                            "inventory's connection settings (ansible -m ping)")
         return _completed(argv, completed)
