@@ -27,7 +27,7 @@ from b70ctl.host_documents import TopologyDocument, load_topology
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import LocalServer, bound_cores
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container, render_serve, render_xpu_container
-from b70host.topology import TOPOLOGY_PATH, topology
+from b70host.topology import TOPOLOGY_PATH, TopologyRefused, topology
 from sysfs_trees import build_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -468,7 +468,7 @@ def test_tp2_on_a_one_card_host_is_refused(tmp_path: Path) -> None:
     """`host topology --write` refuses to write such a group; the document topology.py prints (the gpu_topology
     role writes that itself) still holds it, and the renderer refuses it too."""
     root = build_tree(tmp_path, "b70-igpu")
-    with pytest.raises(BadInput, match="tensor-parallel size 2 but 1 usable GPU"):
+    with pytest.raises(TopologyRefused, match="tensor-parallel size 2 but 1 usable GPU"):
         topology(root, 2, probe="never", write=True)
     printed = topology(root, 2, probe="never")
     host = TopologyDocument.model_validate({key: value for key, value in printed.items()

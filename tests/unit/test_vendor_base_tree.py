@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
-from b70ctl.errors import BadInput
+from b70ctl.errors import Refused, Unreachable
 from b70ctl.image.patches import VendorPatch, check_series, pristine_source
 from b70ctl.lock import vendor as vendor_module
 from b70ctl.lock.model import base_tree_description
@@ -181,14 +181,14 @@ def test_the_cli_checks_the_vendor_patch_against_the_lock(pristine, tmp_path, mo
     impostor = generate_vendor_patch(pristine, tmp_path, _clean_edit)
     runner = CliRunner()
     refused = runner.invoke(app, ["image", "patches", "check", "--vendor-patch", str(impostor)])
-    assert isinstance(refused.exception, BadInput) and refused.exception.exit_code == 2  # main() exits 2
+    assert isinstance(refused.exception, Refused) and refused.exception.exit_code == 2  # main() exits 2
     assert "is not the pinned 46bb6523baa9658663afd7282e4bf728aa48969cf96562c4737673bbd816ee16" in (
         " ".join(str(refused.exception).split()))
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("B70CTL_GITHUB_RAW", "http://127.0.0.1:9")  # nothing listens on the discard port
     offline = runner.invoke(app, ["image", "patches", "check"])
-    assert isinstance(offline.exception, BadInput)
+    assert isinstance(offline.exception, Unreachable)
     assert "raw.githubusercontent.com" in str(offline.exception)
 
 
