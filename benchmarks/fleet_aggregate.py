@@ -54,7 +54,7 @@ def measure(reports_dir: Path, out_dir: Path, trace: bool) -> dict[str, float]:
     """Runs in a fresh process: aggregate + render all three outputs once."""
     import tracemalloc
 
-    from b70ctl.fleet.aggregate import aggregate
+    from b70ctl.fleet.analysis import aggregate
     from b70ctl.fleet.render import write_fleet_report
 
     rss_after_imports_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -132,7 +132,7 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall time suffers on a shared machine, "
           "CPU time much less)")
     environment = _child_environment(root)
-    subprocess.run([sys.executable, "-c", "import b70ctl.cli, b70ctl.fleet.aggregate, b70ctl.fleet.render"],
+    subprocess.run([sys.executable, "-c", "import b70ctl.cli, b70ctl.fleet.analysis, b70ctl.fleet.render"],
                    check=True, env=environment)  # compiles the bytecode the timed commands import
     rows = []
     for size in sizes:

@@ -52,7 +52,7 @@ from b70ctl.checks.metrics import (
     snapshot,
 )
 from b70ctl.checks.throughput import run_throughput
-from b70ctl.embedded import default_cache_dir, ensure_models, start_servers
+from b70ctl.verify.embedded import default_cache_dir, ensure_models, start_servers
 from b70ctl.models.tiny import corpus_lines
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Workload

@@ -26,7 +26,7 @@ from pathlib import Path
 from provision import REPO_ROOT, HostUnderTest, PlaybookRun, make_dri_nodes, on, run_playbook, write_inventory
 from provision import run_testhosts
 
-from b70ctl.embedded import default_cache_dir
+from b70ctl.verify.embedded import default_cache_dir
 from b70ctl.errors import BadInput
 from b70ctl.image.build import host_ca_bundle, local_wheel_dirs, pinned_torch, torch_wheel
 from b70ctl.image.patches import sha256_file

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from b70ctl.fleet.aggregate import Collected, host_entry_from_report
+from b70ctl.fleet.collect import Collected, host_entry_from_report
 from b70ctl.fleet.model import HostEntry, InputProblem
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe

@@ -17,7 +17,7 @@ from scripted_server import ScriptedServer
 from pathlib import Path
 
 from b70ctl import __version__
-from b70ctl.fleet.aggregate import aggregate
+from b70ctl.fleet.analysis import aggregate
 from b70ctl.fleet.render import render_markdown as render_fleet
 from b70ctl.recipes import load_recipe
 from b70ctl.report.markdown import render_markdown

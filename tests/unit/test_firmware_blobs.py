@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from b70ctl.embedded import default_cache_dir
+from b70ctl.verify.embedded import default_cache_dir
 from b70ctl.host.fit import PlayHost, play_fit
 from b70ctl.host.kernel import kernel_plan
 from b70ctl.host.releases import load_matrix

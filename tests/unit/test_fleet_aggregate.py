@@ -11,7 +11,7 @@ from fleet_factory import STARTED_AT, environment_for, make_report, to_schema_0,
 
 from b70ctl.errors import BadInput
 from b70ctl.fleet import stats
-from b70ctl.fleet.aggregate import aggregate
+from b70ctl.fleet.analysis import aggregate
 from b70ctl.fleet.model import FleetReport, RecipeFleet
 
 PR620 = "pr620-fp8-tp2"

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from fleet_factory import make_report, synthetic_fleet, write_host
 
 from b70ctl.fleet import render
-from b70ctl.fleet.aggregate import aggregate, build_fleet_report
+from b70ctl.fleet.analysis import aggregate, build_fleet_report
 from b70ctl.fleet.model import FleetReport, HostTune
 from b70ctl.tune.model import Figures, FinalComparison, TuneReport
 

@@ -31,7 +31,7 @@ from b70ctl.report.html import render_html
 from b70ctl.report.load import load_report
 from b70ctl.report.markdown import render_markdown
 from b70ctl.report.model import CorrectnessResult, GateResult, PromptComparison
-from b70ctl.verify import VerifyRequest, verify
+from b70ctl.verify.pipeline import VerifyRequest, verify
 from hostile import LoopbackServer, QuietHandler
 
 CORRUPT_AT = 5  # the generated token a cache-corrupting server changes

@@ -672,7 +672,7 @@ def _link_in_out(name: str, directory: bool) -> Callable[[Path, Path], None]:
 
 def _marked_out_with_users_raw(work: Path, out: Path) -> None:
     """A directory verify wrote before (its marker), in which the user put a raw/ of their own."""
-    from b70ctl.verify import RunDirectory
+    from b70ctl.verify.run_dir import RunDirectory
 
     (out / RunDirectory.MARKER_NAME).write_text(RunDirectory.MARKER_TEXT)
     _users_raw(work, out)
@@ -1459,12 +1459,12 @@ def test_sysfs_trees(case: Case, tmp_path: Path) -> None:
 def test_an_escaping_exception_is_one_line_naming_the_command_and_the_saved_traceback(tmp_path, monkeypatch):
     import re
 
-    import b70ctl.cli
+    import b70ctl.recipes.cli
 
     def broken(name: str) -> None:
         raise RuntimeError("a defect")
 
-    monkeypatch.setattr(b70ctl.cli, "load_recipe", broken)
+    monkeypatch.setattr(b70ctl.recipes.cli, "load_recipe", broken)
     outcome = run_b70ctl(["recipes", "show", "cpu-tiny"])
     assert_one_line_error(outcome, 2, r"b70ctl recipes show failed unexpectedly \(RuntimeError\).* in .*--debug")
     saved = Path(re.search(r"traceback is in (\S+):", outcome.error_lines[0]).group(1))

@@ -8,7 +8,7 @@ import re
 
 from fleet_factory import make_report, shipped_recipe
 
-from b70ctl.fleet.aggregate import workload_figures
+from b70ctl.fleet.collect import workload_figures
 from b70ctl.report.html import render_html
 from b70ctl.report.load import measurements_of
 from b70ctl.report.markdown import render_markdown

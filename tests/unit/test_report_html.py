@@ -11,9 +11,9 @@ import pytest
 from fleet_factory import make_report, shipped_recipe
 from test_verify import SHORT_RATE, request_for, scripted_recipe, servers  # noqa: F401 (servers: a fixture)
 
-from b70ctl import verify as verify_module
+from b70ctl.verify import run_dir as run_dir_module
 from b70ctl.report.html import render_html
-from b70ctl.verify import verify
+from b70ctl.verify.pipeline import verify
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -105,13 +105,13 @@ def test_strings_from_the_report_stay_text(hostile):
 
 def test_verify_writes_report_html_beside_report_md_atomically(servers, tmp_path, monkeypatch):  # noqa: F811
     written: list[str] = []
-    atomic = verify_module.write_text_atomically
+    atomic = run_dir_module.write_text_atomically
 
     def recording(path, text, *args, **kwargs):
         written.append(path.name)
         return atomic(path, text, *args, **kwargs)
 
-    monkeypatch.setattr(verify_module, "write_text_atomically", recording)
+    monkeypatch.setattr(run_dir_module, "write_text_atomically", recording)
     served, baseline = servers
     report = verify(request_for(scripted_recipe(SHORT_RATE), served, baseline, tmp_path))
     # Rewritten after every check, like report.json and report.md: the last one is the finished report.

@@ -17,7 +17,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from b70ctl.errors import BadInput
-from b70ctl.fleet.aggregate import aggregate, efficiency_ranking, host_entry_from_report
+from b70ctl.fleet.analysis import aggregate, efficiency_ranking
+from b70ctl.fleet.collect import host_entry_from_report
 from b70ctl.fleet.render import render_html as render_fleet_html
 from b70ctl.fleet.render import render_markdown
 from b70ctl.report.html import render_html
@@ -25,7 +26,7 @@ from b70ctl.report.load import LoadedReport
 from b70ctl.report.markdown import render_markdown as render_report_markdown
 from b70ctl.report.model import MemoryBandwidth, Report, RooflineInputs, TargetShape
 from b70ctl.report.roofline import B70_BANDWIDTH_BYTES_PER_S, compute_roofline
-from b70ctl.verify import record_roofline_inputs, verify
+from b70ctl.verify.pipeline import record_roofline_inputs, verify
 from b70host.roofline_inputs import collect, copy_bandwidth, target_shape
 from fleet_factory import environment_for, make_report, shipped_recipe
 from host_package import host_module

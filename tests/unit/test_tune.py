@@ -395,10 +395,10 @@ def test_the_command_end_to_end_stopped_then_resumed(tmp_path, monkeypatch):
     143 keeping the measurements; the same command then resumes and prints tune.json with --json."""
     from typer.testing import CliRunner
 
-    import b70ctl.embedded
+    import b70ctl.verify.embedded
     import b70ctl.tune.serving
     from b70ctl.cli import app
-    from b70ctl.verify import Terminated
+    from b70ctl.stops import Terminated
 
     class Stopped(ScriptedServing):
         def candidate(self, candidate: Candidate):
@@ -407,7 +407,7 @@ def test_the_command_end_to_end_stopped_then_resumed(tmp_path, monkeypatch):
             return super().candidate(candidate)
 
     serving = {"class": Stopped}
-    monkeypatch.setattr(b70ctl.embedded, "ensure_models", lambda recipe, models_dir: {"changed": False})
+    monkeypatch.setattr(b70ctl.verify.embedded, "ensure_models", lambda recipe, models_dir: {"changed": False})
     monkeypatch.setattr(b70ctl.tune.serving, "LocalServing",
                         lambda recipe, models, logs, **options: serving["class"](SERVED_RATES))
     runner = CliRunner()

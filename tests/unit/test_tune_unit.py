@@ -29,7 +29,7 @@ from b70ctl.tune.run import run_tune
 from b70ctl.serve.unit import ServingContainer
 from b70ctl.tune.unit import (ApplianceHost, HostCommandFailed, LocalShell, SshShell, SystemdUnitServing,
                              host_shell)
-from b70ctl.verify import Terminated, _sigterm_ends_the_run
+from b70ctl.stops import Terminated, sigterm_ends_the_run
 from scripted_server import ScriptedServer
 from systemd_words import systemd_split, systemd_verify_root
 from test_hostile_inputs import HOSTILE_UNIT_VALUES, _render_unit
@@ -265,7 +265,7 @@ def test_sigterm_mid_tune_puts_the_unit_back_and_keeps_the_measurements(host_fac
             os.kill(os.getpid(), signal.SIGTERM)
 
     emulated, appliance = host_factory(on_restart=terminate_at_the_fourth_candidate)
-    with pytest.raises(Terminated), _sigterm_ends_the_run():
+    with pytest.raises(Terminated), sigterm_ends_the_run():
         with SystemdUnitServing(RECIPE, appliance, emulated, poll_s=0.05) as servers:
             run_tune(RECIPE, servers, tmp_path / "tune")
     assert_restored(emulated)

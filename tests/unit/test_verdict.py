@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from b70ctl.recipes.model import Claim, Tolerance
-from b70ctl.report.verdict import describe_bound, judge
+from b70ctl.report.verdict import judge
 
 
 def claim(**fields) -> Claim:
@@ -47,5 +47,9 @@ def test_missing_measurement_is_not_measured_not_failed():
 
 
 def test_bound_text_shows_the_tolerance():
-    assert describe_bound(claim(op=">=", value=72.2, tolerance=Tolerance(relative=0.1))) == ">= 72.2 (tolerance 10%)"
-    assert describe_bound(claim(op="between", low=38, high=53)) == "38 .. 53"
+    assert claim(op=">=", value=72.2, tolerance=Tolerance(relative=0.1)).describe_bound() == ">= 72.2 (tolerance 10%)"
+    assert claim(op="between", low=38, high=53).describe_bound() == "38 .. 53"
+    # Both tolerances: Tolerance.slack applies the larger, and the text names both rather than hiding one.
+    both = claim(op="<=", value=1.0, tolerance=Tolerance(relative=0.1, absolute=0.5))
+    assert both.describe_bound() == "<= 1 (tolerance 10% or ±0.5, the larger)"
+    assert both.tolerance.slack(1.0) == 0.5

@@ -11,7 +11,7 @@ import pytest
 from b70ctl.checks.client import Endpoint
 from b70ctl.errors import BadInput, Unreachable
 from b70ctl.recipes.model import Claim, CorrectnessSettings
-from b70ctl.verify import VerifyRequest, verify
+from b70ctl.verify.pipeline import VerifyRequest, verify
 from scripted_server import Script, ScriptedServer
 from test_scripted_stream import recipe_with, workload
 
@@ -176,7 +176,7 @@ def test_api_key_is_sent_but_never_written(servers, tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text(secret + "\n")
     key_file.chmod(0o600)
-    from b70ctl.cli import read_api_key
+    from b70ctl.verify.cli import read_api_key
 
     key = read_api_key(key_file)
     request = VerifyRequest(recipe=scripted_recipe(SHORT_RATE), out_dir=tmp_path / "out",
@@ -192,7 +192,7 @@ def test_api_key_is_sent_but_never_written(servers, tmp_path):
 
 
 def test_raw_host_facts_read_under_a_root_prefix_mark_the_hardware_emulated(tmp_path):
-    from b70ctl.verify import load_host_facts
+    from b70ctl.verify.pipeline import load_host_facts
     from b70host.facts import collect_facts
     from sysfs_trees import sysfs
 

@@ -20,7 +20,7 @@ from test_engine_clock import recipe, run
 
 from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
 from b70ctl.errors import BadInput
-from b70ctl.verify import RunDirectory
+from b70ctl.verify.run_dir import RunDirectory
 
 SLOW = Script(ttft_s=0.05, offsets_s=[0.1 * k for k in range(33)], tokens_per_chunk=[1] * 33)  # 3.2 s a request
 

@@ -231,7 +231,7 @@ def test_an_unexpected_error_mid_run_leaves_the_report_failed_not_running(hostil
     def broken(*_args: Any, **_kwargs: Any) -> None:
         raise ZeroDivisionError("a defect in a check")
 
-    monkeypatch.setattr("b70ctl.verify.run_throughput", broken)
+    monkeypatch.setattr("b70ctl.verify.pipeline.run_throughput", broken)
     outcome = run_b70ctl(_verify(hostile, tmp_path, "--check", "smoke", "--check", "throughput"))
     assert_one_line_error(outcome, 2, r"b70ctl verify failed unexpectedly \(ZeroDivisionError\)")
     report, markdown = _report(tmp_path)

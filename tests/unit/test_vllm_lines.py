@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from b70ctl.embedded import default_cache_dir
+from b70ctl.verify.embedded import default_cache_dir
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe
 from b70ctl.recipes.vllm_lines import line_refusal, load_lines, release_line

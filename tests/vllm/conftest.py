@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from b70ctl.checks.client import Endpoint
-from b70ctl.embedded import default_cache_dir, ensure_models, start_servers
+from b70ctl.verify.embedded import default_cache_dir, ensure_models, start_servers
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import LocalServer
 
@@ -78,7 +78,7 @@ def vllm_urls(local_servers):
     """{variant: base URL} for baseline, draft-exact (acceptance ~100%), draft-perturbed, ngram.
 
     B70CTL_TEST_SERVERS="baseline=http://127.0.0.1:8101,draft-exact=...,..." reuses servers already running
-    (started with `python -m b70ctl.embedded serve`), which saves minutes when iterating on one test."""
+    (started with `python -m b70ctl.verify.embedded serve`), which saves minutes when iterating on one test."""
     given = os.environ.get("B70CTL_TEST_SERVERS")
     if given:
         urls = dict(item.split("=", 1) for item in given.split(","))

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from b70ctl.verify import VerifyRequest, verify
+from b70ctl.verify.pipeline import VerifyRequest, verify
 
 
 def trimmed(recipe, max_requests: int = 3):

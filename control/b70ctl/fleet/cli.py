@@ -65,7 +65,7 @@ def report_command(
 ) -> None:
     """Aggregate per-host reports into fleet.json, fleet.md and fleet.html, with verdicts, drift and outliers."""
     # Imported here: jinja2 and the recipes are not needed by any other b70ctl command's start-up.
-    from b70ctl.fleet.aggregate import aggregate
+    from b70ctl.fleet.analysis import aggregate
     from b70ctl.fleet.render import write_fleet_report
 
     report = aggregate(reports_dir)

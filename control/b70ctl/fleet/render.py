@@ -28,7 +28,7 @@ from pydantic import TypeAdapter
 
 from b70ctl.files import write_text_atomically
 from b70ctl.fleet import plots
-from b70ctl.fleet.aggregate import cyclic_gc_paused
+from b70ctl.fleet.collect import cyclic_gc_paused
 from b70ctl.fleet.layout import FLEET_JSON
 from b70ctl.fleet.model import (
     USABLE,

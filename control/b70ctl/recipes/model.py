@@ -328,6 +328,20 @@ class Claim(Strict):
             raise ValueError(f"claim {self.id!r}: divided_by takes one figure, not per-position rates")
         return self
 
+    def describe_bound(self) -> str:
+        """The bound as people read it, with its tolerance: what `recipes show`, every verdict and the fleet report
+        print. With both a relative and an absolute tolerance the larger applies (Tolerance.slack), and both are
+        named."""
+        tol = self.tolerance
+        parts = ([f"{tol.relative:.0%}"] if tol.relative else []) + ([f"±{tol.absolute:g}"] if tol.absolute else [])
+        tolerance = (f" (tolerance {parts[0]} or {parts[1]}, the larger)" if len(parts) == 2
+                     else f" (tolerance {parts[0]})" if parts else "")
+        if self.op == "between":
+            return f"{self.low:g} .. {self.high:g}{tolerance}"
+        if self.op == "per_position":
+            return " ".join(f"{value:.2f}" for value in self.values or []) + tolerance
+        return f"{self.op} {self.value:g}{tolerance}"
+
 
 class IntRange(Strict):
     """Every integer from low to high, both included."""

@@ -10,20 +10,6 @@ from b70ctl.report.model import ClaimVerdict
 Measurements = dict[str, float | list[float]]
 
 
-def describe_bound(claim: Claim) -> str:
-    tol = claim.tolerance
-    tolerance = ""
-    if tol.relative:
-        tolerance = f" (tolerance {tol.relative:.0%})"
-    elif tol.absolute:
-        tolerance = f" (tolerance ±{tol.absolute:g})"
-    if claim.op == "between":
-        return f"{claim.low:g} .. {claim.high:g}{tolerance}"
-    if claim.op == "per_position":
-        return " ".join(f"{value:.2f}" for value in claim.values or []) + tolerance
-    return f"{claim.op} {claim.value:g}{tolerance}"
-
-
 def judge(claim: Claim, measurements: Measurements, unmeasurable: dict[str, str] | None = None) -> ClaimVerdict:
     """met / not_met / not_measured, with the figure and the reason. The tolerance widens the bound in the
     measurement's favour: a replication on another host is not expected to hit the published figure exactly."""
@@ -37,7 +23,7 @@ def judge(claim: Claim, measurements: Measurements, unmeasurable: dict[str, str]
             measured = float(measured) / float(denominator)
     metric = claim.metric if claim.divided_by is None else f"{claim.metric} / {claim.divided_by}"
     base = {"claim_id": claim.id, "description": claim.description, "metric": metric,
-            "bound": describe_bound(claim), "source": claim.source, "url": claim.url, "measured": measured}
+            "bound": claim.describe_bound(), "source": claim.source, "url": claim.url, "measured": measured}
     if measured is None:
         # A figure of a step that could not measure it (a failed or unmeasurable workload) says why.
         why = next((f"{prefix}: {reason}" for prefix, reason in (unmeasurable or {}).items()

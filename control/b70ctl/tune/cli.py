@@ -50,7 +50,7 @@ def tune_command(
 
     Exit 0 when a result was written, 1 when no candidate passed greedy correctness, 2 on bad input, 143 when
     stopped by SIGTERM (130 by Ctrl-C): a re-run resumes."""
-    from b70ctl.embedded import default_cache_dir, ensure_models
+    from b70ctl.verify.embedded import default_cache_dir, ensure_models
     from b70ctl.recipes import load_recipe
     from b70ctl.tune.render import write_tune_outputs
     from b70ctl.tune.run import Entrant, run_race
@@ -80,12 +80,12 @@ def tune_command(
         console.print(f"[cyan]tune:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
     from b70ctl.tune.state import STATE_FILE
-    from b70ctl.verify import Terminated, _sigterm_ends_the_run
+    from b70ctl.stops import Terminated, sigterm_ends_the_run
 
     try:
         # SIGTERM (systemd, Ansible) unwinds like Ctrl-C: the servers started are stopped (the appliance's unit
         # put back as it was), the measurements stay.
-        with _sigterm_ends_the_run():
+        with sigterm_ends_the_run():
             if appliance is not None:
                 from b70ctl.tune.unit import SystemdUnitServing, host_shell
 

@@ -322,7 +322,7 @@ class SystemdUnitServing:
             self.restore(raise_on_failure=error is None)
         finally:
             if deferred.release() and error is None:
-                from b70ctl.verify import Terminated
+                from b70ctl.stops import Terminated
 
                 raise Terminated()
 

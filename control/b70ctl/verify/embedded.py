@@ -91,7 +91,7 @@ def start_servers(variants: list[str], models_dir: Path, log_dir: Path,
 
 
 def serve_forever(variants: list[str]) -> None:
-    """`python -m b70ctl.embedded serve [VARIANT ...]`: start servers for iterating on the real-vLLM tests and
+    """`python -m b70ctl.verify.embedded serve [VARIANT ...]`: start servers for iterating on the real-vLLM tests and
     print the B70CTL_TEST_SERVERS value that points the tests at them; Ctrl-C stops them."""
     recipe = load_recipe(RECIPE)
     models_dir = default_cache_dir() / "tiny-models"
@@ -114,5 +114,6 @@ def serve_forever(variants: list[str]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["serve"]:
-        raise SystemExit("usage: python -m b70ctl.embedded serve [baseline|draft-exact|draft-perturbed|ngram ...]")
+        raise SystemExit("usage: python -m b70ctl.verify.embedded serve "
+                         "[baseline|draft-exact|draft-perturbed|ngram ...]")
     serve_forever(sys.argv[2:])
