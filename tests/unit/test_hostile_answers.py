@@ -122,6 +122,10 @@ def _everything(root: Path, outcome: Outcome) -> str:
 def _run_limited(args: list[str], work: Path, **limits: int) -> Outcome:
     """b70ctl in its own process under resource limits (RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE by name)."""
     def limit() -> None:
+        # As from a terminal: a shell starts a background job (`make test &`, nohup, some CI runners) with SIGINT
+        # ignored, its children inherit that, and Python then installs no KeyboardInterrupt handler. The sigint
+        # case is about what b70ctl does on Ctrl-C, not about how this suite was started.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         for name, value in limits.items():
             resource.setrlimit(getattr(resource, f"RLIMIT_{name.upper()}"), (value, value))
 
@@ -315,6 +319,10 @@ def _slow_recipe(work: Path, max_tokens: int = SLOW_STREAM) -> Path:
 
 def _start(served: Any, baseline: Any, work: Path, recipe_file: Path, **limits: int) -> subprocess.Popen[str]:
     def limit() -> None:
+        # As from a terminal: a shell starts a background job (`make test &`, nohup, some CI runners) with SIGINT
+        # ignored, its children inherit that, and Python then installs no KeyboardInterrupt handler. The sigint
+        # case is about what b70ctl does on Ctrl-C, not about how this suite was started.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         for name, value in limits.items():
             resource.setrlimit(getattr(resource, f"RLIMIT_{name.upper()}"), (value, value))
 
