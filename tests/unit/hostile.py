@@ -1,5 +1,7 @@
-"""Helpers of the hostile-input corpus (test_hostile_inputs.py): run b70ctl's real entry point in this process,
-and check what a refused or faulted command left behind.
+"""Helpers of the hostile-input corpus (test_hostile_inputs.py, test_hostile_arguments.py, test_hostile_output.py,
+test_tune_unit.py): run b70ctl's real entry point in this process, and check what a refused or faulted command left
+behind; a case and its runner, a misbehaving endpoint, and the hostile values a unit file must carry intact. Test
+modules import these from here, never from each other.
 
 Every case asserts the same four things: the exit code; exactly one `error:` line naming the problem (never a
 traceback); no file changed outside the places the case says the command may write; no temporary or
@@ -250,3 +252,118 @@ class LoopbackServer:
     def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+# --- shared by the hostile-input test modules ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    build: Callable[[Path], Invocation]
+    exit_code: int
+    message: str  # regex the one error line must match
+    warning: str | None = None  # regex one `warning:` line on stderr must match
+
+
+def run_case(case: Case, tmp_path: Path) -> Outcome:
+    work = tmp_path / "case"
+    work.mkdir()
+    invocation = case.build(work)
+    before = snapshot(tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        if invocation.fault is not None:
+            invocation.fault(patch)
+        outcome = run_b70ctl(invocation.args, invocation.env, invocation.stdin)
+    assert_one_line_error(outcome, case.exit_code, case.message)
+    if case.warning is not None:
+        assert any(re.search(case.warning, line) for line in outcome.warning_lines), \
+            f"{case.warning!r} not in the warnings: {outcome.stderr!r}"
+    assert_left_clean(tmp_path, before, invocation.may_write + [tmp_path / "xdg-cache", tmp_path / "hf-home"])
+    return outcome
+
+
+class Misbehaving(LoopbackServer):
+    """A local HTTP server answering each path with a fixed (status, content type, body); it records the
+    Authorization header of every request."""
+
+    def __init__(self, routes: dict[str, tuple[int, str, bytes]]) -> None:
+        from http.server import BaseHTTPRequestHandler
+
+        self.routes = routes
+        self.authorizations: list[str | None] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self) -> None:
+                authorization = self.headers.get("Authorization")
+                server.authorizations.append(authorization)
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                status, content_type, body = server.routes.get(self.path.split("?")[0],
+                                                               (404, "application/json", b'{"detail":"Not Found"}'))
+                body = _echoed(body, authorization or "")
+                if status == 0:  # hang up without an answer
+                    self.close_connection = True
+                    return
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer  # noqa: N815
+
+        super().__init__(Handler)
+
+
+SECRET = "sk-hostile-4f1e9d"
+JSON = "application/json"
+
+
+def _echoed(body: bytes, authorization: str) -> bytes:
+    """A body as a server or proxy that echoes the request's credentials sends it: {AUTH} is the Authorization
+    header, {TOKEN} the bearer token alone, {PASSWORD} the basic-auth password, decoded."""
+    import base64
+
+    token = authorization.removeprefix("Bearer ") if authorization.startswith("Bearer ") else ""
+    password = ""
+    if authorization.startswith("Basic "):
+        password = base64.b64decode(authorization.removeprefix("Basic ")).decode().partition(":")[2]
+    return body.replace(b"{AUTH}", authorization.encode()).replace(b"{TOKEN}", token.encode()) \
+        .replace(b"{PASSWORD}", password.encode())
+
+
+def models(body: bytes, status: int = 200, content_type: str = JSON) -> dict[str, tuple[int, str, bytes]]:
+    return {"/v1/models": (status, content_type, body), "/health": (200, "text/plain", b"")}
+
+
+GOOD_MODELS = models(b'{"object":"list","data":[{"id":"tiny-qwen3","object":"model"}]}')
+
+
+GOOD_URL = "http://127.0.0.1:9"  # nothing listens on the discard port
+
+
+def render_unit(recipe_name: str, exec_argv: list[str], unit: str = "vllm-b70", user: str = "root") -> str:
+    """The unit file as `b70ctl serve units` writes it (the vllm_serve role copies it as given)."""
+    from b70ctl.serve.unit import unit_file_text
+
+    return unit_file_text(recipe_name, unit, 8000, False, user, exec_argv)
+
+
+HOSTILE_UNIT_VALUES = {
+    "quote": "/models/it's here",
+    "double-quote": '/models/"x"',
+    "newline-directive": "/models/x\nExecStartPre=+/bin/sh -c 'touch /pwned'",
+    "carriage-return": "/models/x\rExecStartPre=+/bin/true",
+    "specifier": "/models/%h/%n",
+    "dollar": "/models/$HOME/${PATH}",
+    "backslash": "/models/a\\nb\\",
+    "semicolon": "/models/x ; /bin/true",
+}

@@ -20,6 +20,12 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
+import httpx
+
+from b70ctl.checks.client import Endpoint, VllmClient
+from b70ctl.recipes import load_recipe
+from b70ctl.recipes.model import Recipe, Workload
+
 Mode = Literal["ok", "http500", "cut", "stall"]
 Delivery = Literal["on_time", "burst"]
 
@@ -341,3 +347,24 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+
+# --- what the tests that drive verify's checks against a ScriptedServer share ----------------------------------
+
+
+def recipe_with(*workloads: Workload) -> Recipe:
+    """cpu-tiny with these workloads only, served as "scripted" (the name ScriptedServer lists)."""
+    base = load_recipe("cpu-tiny")
+    serve = base.serve.model_copy(update={"served_model_name": "scripted"})
+    return base.model_copy(update={"workloads": list(workloads), "serve": serve})
+
+
+def workload(name: str, prompt: str, **overrides) -> Workload:
+    settings = {"description": f"scripted {name}", "prompts": [prompt], "max_tokens": 64, "warmup_requests": 0,
+                "min_requests": 1, "max_requests": 1, **overrides}
+    return Workload(name=name, **settings)
+
+
+def client_for(server: ScriptedServer, model: str | None = "scripted", timeout_s: float = 10.0,
+               transport: httpx.BaseTransport | None = None) -> VllmClient:
+    return VllmClient(Endpoint(server.url, model=model, timeout_s=timeout_s), transport=transport)

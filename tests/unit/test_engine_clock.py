@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from scripted_server import Script, ScriptedServer, SpecPerRequest
-from test_scripted_stream import client_for, recipe_with, server, workload  # noqa: F401 (fixture)
+from scripted_server import client_for, recipe_with, workload
 
 from b70ctl.checks.client import Endpoint
 from b70ctl.checks.smoke import run_smoke

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hostile import Invocation, run_b70ctl, snapshot
-from test_hostile_inputs import GOOD_URL, Case, run_case
+from hostile import GOOD_URL, Case, run_case
 
 
 @pytest.fixture(autouse=True)

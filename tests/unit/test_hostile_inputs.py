@@ -16,15 +16,24 @@ import pytest
 
 from b70ctl.lock.model import FilePin, ImagePin, ModelPin, PatchSeriesPin, build_lock, lock_document
 from hostile import (
+    GOOD_MODELS,
+    GOOD_URL,
+    HOSTILE_UNIT_VALUES,
+    JSON,
+    SECRET,
+    Case,
     Invocation,
-    LoopbackServer,
+    Misbehaving,
     Outcome,
     assert_left_clean,
     assert_one_line_error,
     copy_fills_disk,
     disk_full,
+    models,
     read_only,
+    render_unit,
     run_b70ctl,
+    run_case,
     snapshot,
 )
 from systemd_words import systemd_split, systemd_verify_root
@@ -40,15 +49,6 @@ from store_fixtures import (  # noqa: F401 (fixtures)
 )
 
 
-@dataclass(frozen=True)
-class Case:
-    id: str
-    build: Callable[[Path], Invocation]
-    exit_code: int
-    message: str  # regex the one error line must match
-    warning: str | None = None  # regex one `warning:` line on stderr must match
-
-
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     """Nothing a case does may touch the real user's cache."""
@@ -57,21 +57,7 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
 
 
-def run_case(case: Case, tmp_path: Path) -> Outcome:
-    work = tmp_path / "case"
-    work.mkdir()
-    invocation = case.build(work)
-    before = snapshot(tmp_path)
-    with pytest.MonkeyPatch.context() as patch:
-        if invocation.fault is not None:
-            invocation.fault(patch)
-        outcome = run_b70ctl(invocation.args, invocation.env, invocation.stdin)
-    assert_one_line_error(outcome, case.exit_code, case.message)
-    if case.warning is not None:
-        assert any(re.search(case.warning, line) for line in outcome.warning_lines), \
-            f"{case.warning!r} not in the warnings: {outcome.stderr!r}"
-    assert_left_clean(tmp_path, before, invocation.may_write + [tmp_path / "xdg-cache", tmp_path / "hf-home"])
-    return outcome
+
 
 
 # --- locks and fetch: paths from a lock must stay inside their root -----------------------------------------
@@ -424,68 +410,7 @@ def test_drafter_dirs(case: Case, tmp_path: Path) -> None:
 # --- endpoints that misbehave, API keys, URLs ---------------------------------------------------------------
 
 
-class Misbehaving(LoopbackServer):
-    """A local HTTP server answering each path with a fixed (status, content type, body); it records the
-    Authorization header of every request."""
 
-    def __init__(self, routes: dict[str, tuple[int, str, bytes]]) -> None:
-        from http.server import BaseHTTPRequestHandler
-
-        self.routes = routes
-        self.authorizations: list[str | None] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _answer(self) -> None:
-                authorization = self.headers.get("Authorization")
-                server.authorizations.append(authorization)
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                status, content_type, body = server.routes.get(self.path.split("?")[0],
-                                                               (404, "application/json", b'{"detail":"Not Found"}'))
-                body = _echoed(body, authorization or "")
-                if status == 0:  # hang up without an answer
-                    self.close_connection = True
-                    return
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = _answer  # noqa: N815
-
-        super().__init__(Handler)
-
-
-SECRET = "sk-hostile-4f1e9d"
-JSON = "application/json"
-
-
-def _echoed(body: bytes, authorization: str) -> bytes:
-    """A body as a server or proxy that echoes the request's credentials sends it: {AUTH} is the Authorization
-    header, {TOKEN} the bearer token alone, {PASSWORD} the basic-auth password, decoded."""
-    import base64
-
-    token = authorization.removeprefix("Bearer ") if authorization.startswith("Bearer ") else ""
-    password = ""
-    if authorization.startswith("Basic "):
-        password = base64.b64decode(authorization.removeprefix("Basic ")).decode().partition(":")[2]
-    return body.replace(b"{AUTH}", authorization.encode()).replace(b"{TOKEN}", token.encode()) \
-        .replace(b"{PASSWORD}", password.encode())
-
-
-def _models(body: bytes, status: int = 200, content_type: str = JSON) -> dict[str, tuple[int, str, bytes]]:
-    return {"/v1/models": (status, content_type, body), "/health": (200, "text/plain", b"")}
-
-
-GOOD_MODELS = _models(b'{"object":"list","data":[{"id":"tiny-qwen3","object":"model"}]}')
 
 
 @dataclass(frozen=True)
@@ -531,29 +456,29 @@ ENDPOINT_CASES = [
     EndpointCase("key-env-with-lf", GOOD_MODELS, lambda u, w: _verify_args(u, w), 2,
                  r"B70CTL_API_KEY: the API key must be one line",
                  env={"B70CTL_API_KEY": SECRET + "\nX-Evil: 1"}, secret_never_shown=SECRET),
-    EndpointCase("key-refused-401", _models(b'{"error":"Unauthorized"}', 401), _with_key, 2,
+    EndpointCase("key-refused-401", models(b'{"error":"Unauthorized"}', 401), _with_key, 2,
                  r"refused the API key", key_file=SECRET.encode(), secret_never_shown=SECRET),
-    EndpointCase("key-refused-403", _models(b'{"error":"Forbidden"}', 403), _with_key, 2,
+    EndpointCase("key-refused-403", models(b'{"error":"Forbidden"}', 403), _with_key, 2,
                  r"refused the API key", key_file=SECRET.encode(), secret_never_shown=SECRET),
-    EndpointCase("key-missing-401", _models(b'{"error":"Unauthorized"}', 401), lambda u, w: _verify_args(u, w), 2,
+    EndpointCase("key-missing-401", models(b'{"error":"Unauthorized"}', 401), lambda u, w: _verify_args(u, w), 2,
                  r"needs an API key"),
-    EndpointCase("userinfo-refused-401", _models(b'{"error":"Unauthorized"}', 401), _userinfo, 2,
+    EndpointCase("userinfo-refused-401", models(b'{"error":"Unauthorized"}', 401), _userinfo, 2,
                  r"refused", secret_never_shown="hunter2pw"),
     EndpointCase("userinfo-unreachable", None, _userinfo, 2, r"unreachable", secret_never_shown="hunter2pw"),
-    EndpointCase("models-html", _models(b"<html><body>It works!</body></html>", content_type="text/html"),
+    EndpointCase("models-html", models(b"<html><body>It works!</body></html>", content_type="text/html"),
                  _verify_args, 2, r"/v1/models.*not JSON.*vLLM"),
-    EndpointCase("models-json-list", _models(b'[{"id": "tiny-qwen3"}]'), _verify_args, 2,
+    EndpointCase("models-json-list", models(b'[{"id": "tiny-qwen3"}]'), _verify_args, 2,
                  r"/v1/models.*not .*vLLM"),
-    EndpointCase("models-entry-without-id", _models(b'{"data":[{"name":"tiny-qwen3"}]}'), _verify_args, 2,
+    EndpointCase("models-entry-without-id", models(b'{"data":[{"name":"tiny-qwen3"}]}'), _verify_args, 2,
                  r"/v1/models.*id"),
-    EndpointCase("models-id-not-string", _models(b'{"data":[{"id":7}]}'), _verify_args, 2, r"/v1/models.*id"),
-    EndpointCase("models-data-not-list", _models(b'{"data":"tiny-qwen3"}'), _verify_args, 2, r"/v1/models.*data"),
-    EndpointCase("models-entry-not-object", _models(b'{"data":["tiny-qwen3"]}'), _verify_args, 2, r"/v1/models"),
-    EndpointCase("models-empty", _models(b'{"data":[]}'), _verify_args, 2, r"lists no model"),
-    EndpointCase("models-truncated-json", _models(b'{"data":[{"id":'), _verify_args, 2, r"/v1/models.*not JSON"),
-    EndpointCase("models-http-500", _models(b'{"error":"boom"}', 500), _verify_args, 2, r"HTTP 500"),
-    EndpointCase("models-hang-up", _models(b"", 0), _verify_args, 2, r"unreachable"),
-    EndpointCase("models-other-model", _models(b'{"data":[{"id":"other"}]}'), _verify_args, 2, r"not the recipe's"),
+    EndpointCase("models-id-not-string", models(b'{"data":[{"id":7}]}'), _verify_args, 2, r"/v1/models.*id"),
+    EndpointCase("models-data-not-list", models(b'{"data":"tiny-qwen3"}'), _verify_args, 2, r"/v1/models.*data"),
+    EndpointCase("models-entry-not-object", models(b'{"data":["tiny-qwen3"]}'), _verify_args, 2, r"/v1/models"),
+    EndpointCase("models-empty", models(b'{"data":[]}'), _verify_args, 2, r"lists no model"),
+    EndpointCase("models-truncated-json", models(b'{"data":[{"id":'), _verify_args, 2, r"/v1/models.*not JSON"),
+    EndpointCase("models-http-500", models(b'{"error":"boom"}', 500), _verify_args, 2, r"HTTP 500"),
+    EndpointCase("models-hang-up", models(b"", 0), _verify_args, 2, r"unreachable"),
+    EndpointCase("models-other-model", models(b'{"data":[{"id":"other"}]}'), _verify_args, 2, r"not the recipe's"),
     EndpointCase("nothing-listens", None, _verify_args, 2, r"unreachable"),
     EndpointCase("url-unclosed-bracket", None, lambda u, w: _verify_args("http://[::1", w), 2, r"--endpoint .*URL"),
     EndpointCase("url-no-scheme", None, lambda u, w: _verify_args("b70-a:8000", w), 2, r"--endpoint .*http"),
@@ -571,22 +496,22 @@ ENDPOINT_CASES = [
     EndpointCase("unknown-check", None, lambda u, w: _verify_args(GOOD_URL, w, "--check", "speed"), 2,
                  r"unknown check"),
     # A server or proxy echoing the credentials in an error body: the error line and every file hold none of them.
-    EndpointCase("models-500-echoes-authorization", _models(b'{"error":"bad headers: Authorization: {AUTH}"}', 500),
+    EndpointCase("models-500-echoes-authorization", models(b'{"error":"bad headers: Authorization: {AUTH}"}', 500),
                  _with_key, 2, r"HTTP 500: bad headers: Authorization: \[redacted\]", key_file=SECRET.encode(),
                  secret_never_shown=SECRET, key_sent=True),
-    EndpointCase("models-500-echoes-token", _models(b'{"error":{"message":"token {TOKEN} is not valid here"}}', 500),
+    EndpointCase("models-500-echoes-token", models(b'{"error":{"message":"token {TOKEN} is not valid here"}}', 500),
                  _with_key, 2, r"HTTP 500: token \[redacted\] is not valid", key_file=SECRET.encode(),
                  secret_never_shown=SECRET, key_sent=True),
-    EndpointCase("models-502-echoes-password", _models(b"proxy: user admin, password {PASSWORD}", 502, "text/plain"),
+    EndpointCase("models-502-echoes-password", models(b"proxy: user admin, password {PASSWORD}", 502, "text/plain"),
                  _userinfo, 2, r"HTTP 502: proxy: user admin, password \[redacted\]", secret_never_shown="hunter2pw"),
-    EndpointCase("models-500-echoes-hf-token", _models(b'{"error":"HF_TOKEN=hf_hostileTok3n rejected"}', 500),
+    EndpointCase("models-500-echoes-hf-token", models(b'{"error":"HF_TOKEN=hf_hostileTok3n rejected"}', 500),
                  _verify_args, 2, r"HTTP 500: HF_TOKEN=\[redacted\] rejected", env={"HF_TOKEN": "hf_hostileTok3n"},
                  secret_never_shown="hf_hostileTok3n"),
     # Terminal escape sequences in a model name (retitle the terminal, clear the screen): never printed raw.
-    EndpointCase("models-name-escapes", _models(b'{"data":[{"id":"\\u001b]0;owned\\u0007\\u001b[2Jother"}]}'),
+    EndpointCase("models-name-escapes", models(b'{"data":[{"id":"\\u001b]0;owned\\u0007\\u001b[2Jother"}]}'),
                  _verify_args, 2, r"serves other, not the recipe's", secret_never_shown="\x1b"),
 ]
-GOOD_URL = "http://127.0.0.1:9"
+
 
 
 @pytest.mark.parametrize("case", ENDPOINT_CASES, ids=lambda case: case.id)
@@ -849,25 +774,6 @@ def yaml_load(path: Path) -> list[dict]:
     return yaml.safe_load(path.read_text())
 
 
-def _render_unit(recipe_name: str, exec_argv: list[str], unit: str = "vllm-b70", user: str = "root") -> str:
-    """The unit file as `b70ctl serve units` writes it (the vllm_serve role copies it as given)."""
-    from b70ctl.serve.unit import unit_file_text
-
-    return unit_file_text(recipe_name, unit, 8000, False, user, exec_argv)
-
-
-HOSTILE_UNIT_VALUES = {
-    "quote": "/models/it's here",
-    "double-quote": '/models/"x"',
-    "newline-directive": "/models/x\nExecStartPre=+/bin/sh -c 'touch /pwned'",
-    "carriage-return": "/models/x\rExecStartPre=+/bin/true",
-    "specifier": "/models/%h/%n",
-    "dollar": "/models/$HOME/${PATH}",
-    "backslash": "/models/a\\nb\\",
-    "semicolon": "/models/x ; /bin/true",
-}
-
-
 @pytest.mark.parametrize("name", HOSTILE_UNIT_VALUES)
 def test_hostile_values_in_the_unit_are_escaped(name, tmp_path):
     """The unit is rendered with a hostile value in the recipe name and in an argument; systemd-analyze verify
@@ -878,7 +784,7 @@ def test_hostile_values_in_the_unit_are_escaped(name, tmp_path):
 
     value = HOSTILE_UNIT_VALUES[name]
     argv = ["/usr/bin/docker", "run", "--rm", "--volume", value + ":/models:ro", "image", "--model", value]
-    text = _render_unit("tiny" + value, argv)
+    text = render_unit("tiny" + value, argv)
     directives = [line.split("=", 1)[0] for line in text.splitlines() if line and not line.startswith(("#", "["))]
     assert directives == ["Description", "After", "Requires", "Wants", "Type", "User", "ExecStartPre", "ExecStart",
                           "ExecStop", "Restart", "RestartSec", "TimeoutStopSec", "WantedBy"], text

@@ -250,7 +250,7 @@ def test_report_html_and_fleet_md_keep_their_structure_whatever_each_string_hold
 
 
 def _hostile_routes(version: str, body: str) -> dict[str, tuple[int, str, bytes]]:
-    from test_hostile_inputs import GOOD_MODELS, JSON
+    from hostile import GOOD_MODELS, JSON
 
     error = (500, JSON, json.dumps({"error": {"message": body}}).encode())
     return {**GOOD_MODELS, "/version": (200, JSON, json.dumps({"version": version}).encode()),
@@ -262,7 +262,7 @@ def _hostile_routes(version: str, body: str) -> dict[str, tuple[int, str, bytes]
                                      GROUPS["terminal"]["osc-52-clipboard"], EVERYTHING],
                          ids=["forged-headline", "osc-unterminated", "osc-52", "everything"])
 def test_verify_reports_and_stdout_hold_a_hostile_server_as_text(hostile, tmp_path):
-    from test_hostile_inputs import SECRET, Misbehaving
+    from hostile import SECRET, Misbehaving
 
     work = tmp_path / "case"
     work.mkdir()
@@ -291,7 +291,7 @@ def test_verify_reports_and_stdout_hold_a_hostile_server_as_text(hostile, tmp_pa
 
 
 def test_reports_are_private_when_an_api_key_is_in_use(tmp_path):
-    from test_hostile_inputs import SECRET, Misbehaving
+    from hostile import SECRET, Misbehaving
 
     (tmp_path / "key").write_text(SECRET)
     (tmp_path / "key").chmod(0o600)

@@ -12,15 +12,13 @@ import time
 
 import httpx
 import pytest
-from scripted_server import Script, ScriptedServer, SpecPerRequest
+from scripted_server import Script, ScriptedServer, SpecPerRequest, client_for, recipe_with, workload
 
 from b70ctl.checks.client import Endpoint, VllmClient
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.report.stats import decode_tok_s
 from b70ctl.checks.throughput import run_throughput
 from b70ctl.report.measurements import throughput_measurements
-from b70ctl.recipes import load_recipe
-from b70ctl.recipes.model import Recipe, Workload
 
 # 14 chunks 0.15 s apart after a 2 s TTFT: 1 token, six of 5, three of 9 (the burst), four of 3 = 70 tokens.
 # Decode: 69 tokens over 1.95 s. Peak: a 1 s window from chunk k holds chunks k..k+6 (0.9 s < 1 s <= 1.05 s,
@@ -105,29 +103,6 @@ class ClockSpy:
 def most_tokens_in_one_second(events: list[tuple[float, int]]) -> int:
     """Brute force, independent of stats.peak_tok_s: every window [t_i, t_i + 1)."""
     return max(sum(n for t, n in events if start <= t < start + 1.0) for start, _ in events)
-
-
-def recipe_with(*workloads: Workload) -> Recipe:
-    base = load_recipe("cpu-tiny")
-    serve = base.serve.model_copy(update={"served_model_name": "scripted"})
-    return base.model_copy(update={"workloads": list(workloads), "serve": serve})
-
-
-def workload(name: str, prompt: str, **overrides) -> Workload:
-    settings = {"description": f"scripted {name}", "prompts": [prompt], "max_tokens": 64, "warmup_requests": 0,
-                "min_requests": 1, "max_requests": 1, **overrides}
-    return Workload(name=name, **settings)
-
-
-@pytest.fixture
-def server():
-    with ScriptedServer() as scripted:
-        yield scripted
-
-
-def client_for(server: ScriptedServer, model: str | None = "scripted", timeout_s: float = 10.0,
-               transport: httpx.BaseTransport | None = None) -> VllmClient:
-    return VllmClient(Endpoint(server.url, model=model, timeout_s=timeout_s), transport=transport)
 
 
 # -- arithmetic ------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from b70ctl.tune.unit import (ApplianceHost, HostCommandFailed, LocalShell, SshS
 from b70ctl.stops import Terminated, sigterm_ends_the_run
 from scripted_server import ScriptedServer
 from systemd_words import systemd_split, systemd_verify_root
-from test_hostile_inputs import HOSTILE_UNIT_VALUES, _render_unit
+from hostile import HOSTILE_UNIT_VALUES, render_unit
 from test_tune import RECIPE, SERVED_RATES, steady_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ class EmulatedHost:
         assert exec_argv[:6] == ["/usr/bin/docker", "run", "--rm", "--name", UNIT, "--env-file"]
         unit = self.path(f"/etc/systemd/system/{UNIT}.service")
         unit.parent.mkdir(parents=True)
-        unit.write_text(_render_unit(RECIPE.name, exec_argv, unit=UNIT))
+        unit.write_text(render_unit(RECIPE.name, exec_argv, unit=UNIT))
         config = self.path(CONFIG_DIR)
         config.mkdir(parents=True)
         (config / f"{UNIT}.env").write_text("".join(f"{k}={v}\n" for k, v in sorted(rendered.env.items())))

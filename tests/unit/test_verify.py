@@ -13,7 +13,7 @@ from b70ctl.errors import BadInput, Unreachable
 from b70ctl.recipes.model import Claim, CorrectnessSettings
 from b70ctl.verify.pipeline import VerifyRequest, verify
 from scripted_server import Script, ScriptedServer
-from test_scripted_stream import recipe_with, workload
+from scripted_server import recipe_with, workload
 
 
 def scripted_recipe(*claims: Claim):

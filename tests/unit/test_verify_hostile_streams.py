@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from hostile import assert_one_line_error, run_b70ctl
 from scripted_server import Script, ScriptedServer, _Handler
-from test_scripted_stream import recipe_with, workload
+from scripted_server import recipe_with, workload
 
 from b70ctl.recipes.model import Claim
 
