@@ -23,14 +23,21 @@ HEAD_CLASSES = ("VanillaMarkov", "AcceptRatePredictor")
 
 
 def extract_definitions(source_file: Path, names: tuple[str, ...], namespace: dict[str, Any]) -> dict[str, Any]:
-    """Execute only the named top-level classes/functions of a source file in `namespace`.
+    """Execute only the named top-level classes, functions and constants of a source file in `namespace`.
 
     This is how the ported heads are imported in isolation: the shipped (patched) file is the source, but none of
     its vLLM 0.21 imports run, so the heads must stand on torch alone."""
     tree = ast.parse(source_file.read_text(), filename=str(source_file))
-    wanted = [node for node in tree.body
-              if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in names]
-    missing = set(names) - {node.name for node in wanted}
+
+    def defined(node: ast.stmt) -> set[str]:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            return {node.name}
+        if isinstance(node, ast.Assign):
+            return {target.id for target in node.targets if isinstance(target, ast.Name)}
+        return set()
+
+    wanted = [node for node in tree.body if defined(node) & set(names)]
+    missing = set(names) - set().union(*(defined(node) for node in wanted))
     if missing:
         raise LookupError(f"{source_file} defines no {', '.join(sorted(missing))}")
     module = ast.Module(body=wanted, type_ignores=[])

@@ -267,3 +267,28 @@ def test_no_mirror_with_26_05_or_one_visible_gpu(tmp_path: Path) -> None:
     assert result.ram.peer_mirror_gib == 0.0 and result.fits
     one_gpu = load_recipe("dspark-int4-tp1")  # TP=1: one GPU visible to the server
     assert host_fit(one_gpu, facts).ram.peer_mirror_gib == 0.0
+
+
+def own_cards(recipe: Recipe) -> Recipe:
+    return recipe.model_validate({**recipe.model_dump(), "serve": {**recipe.serve.model_dump(),
+                                                                    "worker_card_visibility": "own"}})
+
+
+def test_one_card_per_worker_pins_no_mirror_and_a_64_gb_host_fits(tmp_path: Path) -> None:
+    """The option the refusal offers: with each worker seeing its own card (route a's patch 0006) the mirror is
+    none, "none with one GPU visible" (docs/facts.md, Field reports), so the host needs what it needs without it."""
+    facts = collect_facts(build_tree(tmp_path, "b70x2-switch"))
+    shared = host_fit(load_recipe("pr620-fp8-tp2"), facts)
+    own = host_fit(own_cards(load_recipe("pr620-fp8-tp2")), facts)
+    assert shared.ram.peer_mirror_gib > 50 and own.ram.peer_mirror_gib == 0.0
+    assert "each worker sees its own card only, serve.worker_card_visibility: own" in own.ram.reason
+    refused = ram_fit(load_recipe("pr620-fp8-tp2"), MEMTOTAL_64_GB_KIB * 1024, shared.ram.peer_mirror_gib)
+    assert "give each worker its own card (serve.worker_card_visibility: own, route a)" in refused.reason
+    fits = ram_fit(own_cards(load_recipe("pr620-fp8-tp2")), MEMTOTAL_64_GB_KIB * 1024, own.ram.peer_mirror_gib)
+    assert fits.fits and fits.memtotal_gib_min == pytest.approx(memtotal_gib_min(32))
+
+
+def test_one_card_per_worker_is_refused_where_no_image_carries_the_patch() -> None:
+    for name in ("dspark-int4-tp1", "cpu-tiny"):
+        with pytest.raises(ValueError, match="worker_card_visibility 'own' needs route a's image"):
+            own_cards(load_recipe(name))

@@ -5,8 +5,12 @@ from (kept in tests/fixtures/upstream), and the fidelity of the ported DSpark he
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
+import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,6 +31,7 @@ from b70ctl.image.patches import (
 from dspark_port import (
     TINY_DSPARK,
     ensure_vllm_runtime,
+    extract_definitions,
     load_patched_module,
     ported_heads,
     ported_proposer_functions,
@@ -46,6 +51,7 @@ EXPECTED_PATCHES = [
     "0003-registry-dspark-draft-model.patch",
     "0004-eagle-config-keep-dspark-arch.patch",
     "0005-dflash-proposer-dspark.patch",
+    "0006-xpu-worker-own-card.patch",
 ]
 
 
@@ -101,8 +107,10 @@ def test_series_applies_to_the_base_images_tree_and_compiles(pristine):
         "vllm/model_executor/models/qwen3_dflash.py",
         "vllm/model_executor/models/registry.py",
         "vllm/transformers_utils/configs/eagle.py",
+        "vllm/v1/executor/multiproc_executor.py",
         "vllm/v1/spec_decode/dflash.py",
         "vllm/v1/spec_decode/utils.py",
+        "vllm/v1/worker/xpu_worker.py",
     ])
     assert Path(result.source) == pristine
     assert result.base_tree.endswith(f"+ {VENDOR.description} (sha256 {VENDOR.sha256}, vllm/ part)")
@@ -123,6 +131,73 @@ def test_readout_fix_lands_where_0210_reads_out(base_tree, patched):
     assert "num_query_per_req = self.num_speculative_tokens\n" in dflash_after
     registry = (patched / "vllm/model_executor/models/registry.py").read_text()
     assert '"DSparkDraftModel": ("qwen3_dflash", "DSparkDraftModel")' in registry
+
+
+# ---- patch 0006: one card per worker (serve.worker_card_visibility: own)
+# The field's mechanism: SergiioB's intel-arc-pro-b70-inference-cookbook patches/patch_vllm_worker_affinity.py
+# ("Setting ZE_AFFINITY_MASK inside init_device is too late (Level Zero initializes upon subprocess start/import)":
+# it "injects ZE_AFFINITY_MASK=rank at worker spawn time" and the XPU worker "remaps local device index to 0 ... and
+# verifies single visible device"); vllm-project/vllm PR #56012 (open) sets it "in the parent process immediately
+# around proc.start()" and "preserves existing outer ZE_AFFINITY_MASK mappings".
+OWN_CARD_PROBE = [sys.executable, "-c", "import os; print(os.environ.get('ZE_AFFINITY_MASK', '<unset>'))"]
+
+
+def own_card(patched: Path) -> dict:
+    """The patched executor's own helpers, run here without the rest of vLLM 0.21."""
+    namespace = {"os": os, "contextmanager": contextmanager, "logger": logging.getLogger("b70.own-card")}
+    return extract_definitions(patched / "vllm/v1/executor/multiproc_executor.py",
+                               ("B70_OWN_CARD_ENV", "b70_own_card_mask", "b70_own_card_visibility"), namespace)
+
+
+@pytest.mark.parametrize(("outer", "masks"), [(None, ["0", "1"]), ("0,1", ["0", "1"]), ("2,3", ["2", "3"])])
+def test_each_worker_process_starts_seeing_only_its_own_card(patched, monkeypatch, outer, masks):
+    """A process started inside the executor's context (as proc.start() is) sees its rank's card only; the server
+    keeps its own mask afterwards. The host's topology renders ZE_AFFINITY_MASK=0,1 for the container's cards."""
+    helpers = own_card(patched)
+    monkeypatch.setenv(helpers["B70_OWN_CARD_ENV"], "1")
+    if outer is None:
+        monkeypatch.delenv("ZE_AFFINITY_MASK", raising=False)
+    else:
+        monkeypatch.setenv("ZE_AFFINITY_MASK", outer)
+    seen = []
+    for local_rank in range(2):
+        with helpers["b70_own_card_visibility"](local_rank):
+            seen.append(subprocess.run(OWN_CARD_PROBE, capture_output=True, text=True, check=True).stdout.strip())
+        assert os.environ.get("ZE_AFFINITY_MASK") == outer
+    assert seen == masks
+
+
+def test_without_the_setting_workers_see_every_card_as_in_vllm(patched, monkeypatch):
+    helpers = own_card(patched)
+    monkeypatch.delenv(helpers["B70_OWN_CARD_ENV"], raising=False)
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "0,1")
+    with helpers["b70_own_card_visibility"](1):
+        started = subprocess.run(OWN_CARD_PROBE, capture_output=True, text=True, check=True).stdout.strip()
+    assert started == "0,1"
+
+
+def test_a_worker_with_no_card_of_its_own_stops_with_the_mask_named(patched, monkeypatch):
+    helpers = own_card(patched)
+    monkeypatch.setenv(helpers["B70_OWN_CARD_ENV"], "1")
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "0")
+    with pytest.raises(RuntimeError, match=r"worker 1 has no card of its own in ZE_AFFINITY_MASK=0 \(1 card"):
+        with helpers["b70_own_card_visibility"](1):
+            pass
+    assert os.environ["ZE_AFFINITY_MASK"] == "0"
+
+
+def test_the_xpu_worker_takes_its_one_card_as_xpu_0_and_refuses_to_see_more(base_tree, patched):
+    """The worker half runs only on an XPU; what it does is read from the patched file: the check sits right
+    before the worker picks its device, and the render's variable is the one both halves read."""
+    before = (base_tree / "vllm/v1/worker/xpu_worker.py").read_text()
+    after = (patched / "vllm/v1/worker/xpu_worker.py").read_text()
+    pick = '            self.device = torch.device(f"xpu:{self.local_rank}")\n'
+    assert before.count(pick) == after.count(pick) == 1
+    guard = after[after.index('if os.environ.get("B70_WORKER_OWN_CARD") == "1":'):after.index(pick)]
+    assert "torch.xpu.device_count()" in guard and "if visible != 1:" in guard and "raise RuntimeError" in guard
+    assert guard.rstrip().endswith("self.local_rank = 0")
+    from b70ctl.serve.render import OWN_CARD_ENV
+    assert own_card(patched)["B70_OWN_CARD_ENV"] == OWN_CARD_ENV == "B70_WORKER_OWN_CARD"
 
 
 def test_tampered_patch_is_refused_by_name_before_anything_is_applied(series_copy, tmp_path):

@@ -26,6 +26,7 @@ from b70ctl.errors import BadInput
 from b70ctl.host_documents import TopologyDocument, load_topology
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import LocalServer, bound_cores
+from b70ctl.serve.unit import env_file_text
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container, render_serve, render_xpu_container
 from b70host.topology import TOPOLOGY_PATH, TopologyRefused, topology
 from sysfs_trees import build_tree
@@ -634,3 +635,18 @@ def test_the_report_says_why_prefix_caching_is_off() -> None:
     report = Report(tool_version="test", recipe=recipe.name, endpoint="http://127.0.0.1:8000",
                     started_at=datetime.now(UTC), environment=Environment(serve_prefix_caching=why))
     assert f"Prefix caching: {why}." in render_markdown(report, recipe)
+
+
+def test_one_card_per_worker_reaches_the_unit_s_environment_file(tmp_path: Path) -> None:
+    """serve.worker_card_visibility: own is B70_WORKER_OWN_CARD=1 in the container's env (the unit's --env-file),
+    which route a's patch 0006 reads in the executor and in the XPU worker; the host's mask stays the group's."""
+    recipe = load_recipe("pr620-fp8-tp2")
+    _, host = written_topology(tmp_path, "b70x2-switch", recipe.serve.tensor_parallel_size)
+    shared = render_xpu_container(recipe, CONTEXT, host)
+    own = recipe.model_validate({**recipe.model_dump(), "serve": {**recipe.serve.model_dump(),
+                                                                  "worker_card_visibility": "own"}})
+    command = render_xpu_container(own, CONTEXT, host)
+    assert "B70_WORKER_OWN_CARD" not in shared.env
+    assert command.env == {**shared.env, "B70_WORKER_OWN_CARD": "1"}
+    assert command.env["ZE_AFFINITY_MASK"] == "0,1" and command.argv == shared.argv
+    assert "\nB70_WORKER_OWN_CARD=1\n" in env_file_text(command.env, "test")

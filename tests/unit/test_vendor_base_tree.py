@@ -27,11 +27,12 @@ REPO = Path(__file__).resolve().parents[2]
 SERIES = REPO / "images" / "xpu-dspark-0.21" / "patches" / "series"
 ALL_PATCHES = ["0001-dflash-readout-fix.patch", "0002-qwen3-dflash-dspark-draft-model.patch",
                "0003-registry-dspark-draft-model.patch", "0004-eagle-config-keep-dspark-arch.patch",
-               "0005-dflash-proposer-dspark.patch"]
+               "0005-dflash-proposer-dspark.patch", "0006-xpu-worker-own-card.patch"]
 REGISTRY = "vllm/model_executor/models/registry.py"
 # Every file the series changes: the generated vendor patches touch the same ones.
 SERIES_FILES = [REGISTRY, "vllm/v1/spec_decode/dflash.py", "vllm/v1/spec_decode/utils.py",
-                "vllm/model_executor/models/qwen3_dflash.py", "vllm/transformers_utils/configs/eagle.py"]
+                "vllm/model_executor/models/qwen3_dflash.py", "vllm/transformers_utils/configs/eagle.py",
+                "vllm/v1/executor/multiproc_executor.py", "vllm/v1/worker/xpu_worker.py"]
 DFLASH_ENTRY = '    "DFlashDraftModel": ("qwen3_dflash", "DFlashQwen3ForCausalLM"),\n'
 # The multi-arc patch at the commit the base image was built from (tests/fixtures/upstream/README.md): its changes to
 # the series' files are the ground every generated vendor patch starts from, as on the real base.

@@ -121,8 +121,11 @@ def peer_mirror_gib(recipe: Recipe, device_gib_per_gpu: float, visible_gpus: int
     allocation, ~1 GiB per GiB of device memory with ZE_AFFINITY_MASK=0,1 and none with one GPU visible
     (intel/compute-runtime #953, #986, #968; intel/torch-xpu-ops #5428; intel/llm-scaler #618 with 26.14 at TP=2).
     vLLM fills each card to gpu_memory_utilization, so that much per visible card is mirrored; the server sees
-    the TP ranks' GPUs (`visible_gpus`: the host's usable ones, at most TP)."""
+    the TP ranks' GPUs (`visible_gpus`: the host's usable ones, at most TP), unless each worker sees only its own
+    card (serve.worker_card_visibility: own)."""
     umd = recipe.image.compute_runtime
+    if recipe.serve.worker_card_visibility == "own":
+        visible_gpus = 1
     if recipe.host.accelerator != "xpu" or visible_gpus < 2 or umd is None:
         return 0.0
     if not version_at_least(umd, PEER_MIRROR_FROM):
@@ -151,13 +154,19 @@ def ram_fit(recipe: Recipe, ram_total_bytes: int | None, mirror_gib: float = 0.0
                    "intel/compute-runtime #986; 55 GiB for a 2-GPU inference server, #968; 26.09+, also #953, "
                    "intel/torch-xpu-ops #5428, intel/llm-scaler #618; Intel recommends 26.05 until fixed; the "
                    "checkpoint's page cache is reclaimable and not counted)")
+    if (recipe.serve.worker_card_visibility == "own" and recipe.serve.tensor_parallel_size > 1
+            and recipe.image.compute_runtime and version_at_least(recipe.image.compute_runtime, PEER_MIRROR_FROM)):
+        needed += (f" (no peer mirror for compute-runtime {recipe.image.compute_runtime}: each worker sees its own "
+                   "card only, serve.worker_card_visibility: own)")
     if ram_gib >= floor_gib:
         return RamFit(fits=True, reason=f"{shown} >= {needed}", ram_gib=ram_gib, **common)
+    ways_out = "add RAM or choose a smaller recipe"
+    if mirror_gib:
+        ways_out = ("add RAM, give each worker its own card (serve.worker_card_visibility: own, route a), run an "
+                    "image with compute-runtime 26.05 or choose a smaller recipe")
     return RamFit(fits=False, ram_gib=ram_gib, **common,
                   reason=f"{shown} < {needed}: recipe {recipe.name} needs {minimum_gb:g} GB of RAM installed "
-                         f"({recipe.host.ram_gb_min_source}){' and the mirror' if mirror_gib else ''}: add RAM"
-                         f"{', run an image with compute-runtime 26.05' if mirror_gib else ''} or choose a smaller "
-                         "recipe")
+                         f"({recipe.host.ram_gb_min_source}){' and the mirror' if mirror_gib else ''}: {ways_out}")
 
 
 def usable_gpus(recipe: Recipe, facts: dict[str, Any]) -> list[dict[str, Any]]:

@@ -172,6 +172,14 @@ class ServeSettings(Strict):
         False, description="--language-model-only: a multimodal checkpoint's text model alone, no vision encoder "
                            "loaded or budgeted")
     speculative: SpeculativeSettings | None = None
+    worker_card_visibility: Literal["all", "own"] = Field(
+        "all",
+        description="'own': each tensor-parallel worker starts with ZE_AFFINITY_MASK naming its own card only, so "
+        "compute-runtime 26.09+ mirrors no peer device memory in host RAM (route a's patch 0006, "
+        "B70_WORKER_OWN_CARD=1; run on dual B70 at TP=2 by SergiioB's intel-arc-pro-b70-inference-cookbook, "
+        "patches/patch_vllm_worker_affinity.py, confirmed in its issue #8). 'all': every worker sees the group's "
+        "cards, as vLLM does",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Environment of the vLLM process")
     one_token_prompt_guard: Literal["none", "float16", "disable_esimd_page_attn"] = Field(
         "none",
@@ -544,6 +552,11 @@ class Recipe(Strict):
             raise ValueError(
                 f"tensor parallel size {largest_tp} is larger than host.cpu_cores_min {self.host.cpu_cores_min}: "
                 "vLLM's CPU backend binds each TP rank to its own core; lower TP or require more cores"
+            )
+        if self.serve.worker_card_visibility == "own" and (self.route != "patched" or self.host.accelerator != "xpu"):
+            raise ValueError(
+                "serve.worker_card_visibility 'own' needs route a's image (route 'patched' on XPU), whose patch "
+                "0006 starts each worker with its own card: set it to 'all' for this recipe"
             )
         if spec is not None and spec.method not in DRAFTER_FREE and self.drafter is None:
             raise ValueError(f"speculative method {spec.method!r} needs a drafter")

@@ -21,6 +21,8 @@ from b70host.topology import CCL_PROFILES
 
 # vLLM reads the API key from this variable; passing --api-key would put the secret in argv (visible in ps).
 API_KEY_ENV = "VLLM_API_KEY"
+# Read by route a's patch 0006 (images/xpu-dspark-0.21/patches): "1" starts each worker with its own card only.
+OWN_CARD_ENV = "B70_WORKER_OWN_CARD"
 
 # The XPU container's compile caches, kept on the host so a restart does not JIT again (the vllm_serve role
 # creates, caps and removes the directory: its defaults name the same path and cap).
@@ -135,6 +137,8 @@ def render_serve(recipe: Recipe, context: ServeContext) -> ServeCommand:
             dtype = "float16"
         elif serve.one_token_prompt_guard == "disable_esimd_page_attn":
             env["DISABLE_ESIMD_PAGE_ATTN"] = "1"
+    if serve.worker_card_visibility == "own":
+        env[OWN_CARD_ENV] = "1"
     cpu_tensor_parallel = recipe.host.accelerator == "cpu" and tensor_parallel_size > 1
     if cpu_tensor_parallel:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(tensor_parallel_size)
