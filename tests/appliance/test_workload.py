@@ -333,6 +333,12 @@ def test_race_on_the_test_host_through_playbooks_tune_yml(provisioned, tmp_path)
     assert placed == yaml.safe_load((tune_dir / "b70_tuned.yml").read_text())
     assert placed["b70_recipe"] == report["winner_recipe"] == placed["vllm_serve_tuned"]["recipe"]
     assert f"report {tune_dir}/tune.md; apply it with site.yml or playbooks/serve.yml" in run.output
+    # Each beside its roofline: the bandwidth and target files the replication check measured on this host (its
+    # roofline_inputs.json, which the play found and passed), over which no decode rate can go.
+    assert report["roofline"]["not_measured"] is None, report["roofline"]
+    assert report["roofline"]["bandwidth_bytes_per_s"]["source"].startswith("measured on the serving machine")
+    for candidate in candidates:
+        assert candidate["bound_tok_s"] > candidate["halving"]["median_tok_s"] > 0, candidate
     # Each candidate's row beside the others in the report.
     table = (tune_dir / "tune.md").read_text()
     assert all(candidate["label"] in table for candidate in candidates), table

@@ -100,6 +100,17 @@ def _build_route_a(base_id: str, monkeypatch, capsys) -> tuple[int | str | None,
 
 
 ROUTE_A = "pr620-fp8-tp2"
+# What each worker of a two-rank server would start with, then the server's own mask again.
+OWN_CARD_PROBE = """
+import os, subprocess, sys
+from vllm.v1.executor import multiproc_executor
+seen = []
+for rank in (0, 1):
+    with multiproc_executor.b70_own_card_visibility(rank):
+        child = [sys.executable, "-c", "import os; print(os.environ['ZE_AFFINITY_MASK'])"]
+        seen.append(subprocess.run(child, capture_output=True, text=True, check=True).stdout.strip())
+print(*seen, os.environ["ZE_AFFINITY_MASK"])
+"""
 
 
 def test_route_a_builds_on_its_stand_in_applying_the_series(standins, engine, built_images, monkeypatch,  # noqa: F811
@@ -125,6 +136,13 @@ def test_route_a_builds_on_its_stand_in_applying_the_series(standins, engine, bu
                            '/v1/spec_decode/utils.py"'], capture_output=True, text=True, timeout=300)
     assert seen.returncode == 0, seen.stderr[-3000:]
     assert seen.stdout.split() == ["/opt/intel/oneapi/ccl/2021.15", "1"]
+    # Patch 0006 in the image's own vLLM: its executor module, imported whole, starts each worker process (here a
+    # child started inside the same context proc.start() runs in) with its rank's card of the server's mask.
+    own_card = subprocess.run(["docker", "run", "--rm", "-e", "B70_WORKER_OWN_CARD=1", "-e", "ZE_AFFINITY_MASK=0,1",
+                               built["id"], "python", "-c", OWN_CARD_PROBE], capture_output=True, text=True,
+                              timeout=300)
+    assert own_card.returncode == 0, own_card.stderr[-3000:]
+    assert own_card.stdout.split()[-3:] == ["0", "1", "0,1"], own_card.stdout[-3000:]
     monkeypatch.setattr(sys, "argv", ["b70ctl", "image", "inspect", built["id"], "--json"])
     with pytest.raises(SystemExit) as inspected:
         main()

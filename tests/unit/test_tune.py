@@ -617,3 +617,39 @@ def test_the_race_disqualifies_a_candidate_the_gate_catches_whatever_its_speed(t
         c.key for c in report.candidates if c.recipe == "cpu-tiny"}
     markdown = (tmp_path / "tune.md").read_text()
     assert "the gate against silent garbage" in markdown
+
+
+def test_a_race_report_puts_each_candidate_beside_its_roofline(tmp_path):
+    """The bound is report/roofline.py's formula over what the serving host measured: its bandwidth over the
+    target's weights read per step (the input embedding table left out: one row is read per token), times the
+    candidate's tokens per step. A candidate without speculation yields one token per step."""
+    from b70ctl.report.model import RooflineInputs
+    from b70ctl.tune.run import Entrant, run_race
+
+    inputs = RooflineInputs.model_validate({
+        "memory_bandwidth": {"bytes_per_s": 20e9, "method": "a copy", "buffer_bytes": 2**27, "repeats": 5},
+        "target_shape": {"directory": "/models/target", "weight_files": 1, "weight_bytes": 2_000_000,
+                         "embedding_bytes": 500_000, "num_hidden_layers": 2, "num_key_value_heads": 2,
+                         "head_dim": 32, "full_attention_layers": 2}})
+    started: list[str] = []
+    entrants = [Entrant(RACE_HOST, RecipeServing(RACE_HOST, started, {2: 240.0, 4: 200.0})),
+                Entrant(TARGET_ONLY, RecipeServing(TARGET_ONLY, started, {"cpu-tiny-target-only": 150.0}))]
+    report = run_race(entrants, tmp_path, roofline_inputs=inputs)
+    write_tune_outputs(report, tmp_path)
+    per_step = 20e9 / 1_500_000
+    plain = next(c for c in report.candidates if c.recipe == "cpu-tiny-target-only")
+    assert plain.mean_acceptance_length == 1.0 and plain.bound_tok_s == pytest.approx(per_step)
+    drafting = [c for c in report.candidates if c.recipe == "cpu-tiny"]
+    assert all(c.mean_acceptance_length and c.mean_acceptance_length > 1 for c in drafting)
+    for candidate in drafting:
+        assert candidate.bound_tok_s == pytest.approx(per_step * candidate.mean_acceptance_length)
+    assert report.roofline.not_measured is None
+    assert report.roofline.weight_bytes.value == 1_500_000 and report.roofline.bandwidth_bytes_per_s.value == 20e9
+    markdown = (tmp_path / "tune.md").read_text()
+    assert f"| 1.00 | {per_step:.1f} | {150.0 / per_step:.0%} |" in markdown
+    assert "measured on the serving machine: a copy" in markdown
+
+    # Without the host's inputs: no bound, and the report says what to pass.
+    bare = run_race(entrants, tmp_path / "bare")
+    assert all(c.bound_tok_s is None for c in bare.candidates)
+    assert "b70ctl tune --roofline-inputs" in bare.roofline.not_measured

@@ -312,7 +312,8 @@ def _tune_stdin(target: dict[str, object]) -> ApplianceHost:
     import jinja2
     import yaml
 
-    task = yaml.safe_load((REPO / "roles/vllm_serve/tasks/tune.yml").read_text())[0]
+    task = next(task for task in yaml.safe_load((REPO / "roles/vllm_serve/tasks/tune.yml").read_text())
+                if "ansible.builtin.command" in task)
     assert task["vars"]["vllm_serve_tune_target"] == "{{ hostvars[inventory_hostname] }}"
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
     environment.filters.update(to_json=json.dumps, bool=bool)
@@ -378,6 +379,8 @@ def test_the_roles_tune_tasks_hand_b70ctl_each_hosts_connection_through_ansible(
         "vars": {"b70_ctl": str(fake), "b70_recipe": "cpu-tiny", "b70_etc_dir": "/etc/b70",
                  "vllm_serve_tune_dir": str(tmp_path / "reports") + "/{{ inventory_hostname }}/tune",
                  "vllm_serve_tune_host_vars_dir": str(tmp_path / "host_vars") + "/{{ inventory_hostname }}",
+                 "vllm_serve_tune_roofline_inputs": str(tmp_path / "reports") + "/{{ inventory_hostname }}/"
+                                                    "roofline_inputs.json",
                  "vllm_serve_tune_budget_requests": 0, "vllm_serve_tune_throttle": 0, "vllm_serve_unit": UNIT,
                  "vllm_serve_port": 8000, "vllm_serve_config_dir": CONFIG_DIR, "vllm_serve_baseline": False,
                  "vllm_serve_baseline_unit": BASELINE_UNIT, "vllm_serve_api_key": "",
@@ -385,6 +388,10 @@ def test_the_roles_tune_tasks_hand_b70ctl_each_hosts_connection_through_ansible(
         "tasks": [{"ansible.builtin.include_tasks": str(REPO / "roles/vllm_serve/tasks/tune.yml"),
                    "vars": {"vllm_serve_tune_recipes": "{{ hostvars[inventory_hostname].vllm_serve_tune_recipes "
                                                        "| default([]) }}"}}]}]))
+    # The replication check measured b70-remote's roofline inputs; the other hosts were not checked yet.
+    measured = tmp_path / "reports" / "b70-remote" / "roofline_inputs.json"
+    measured.parent.mkdir(parents=True)
+    measured.write_text("{}")
     env = {**os.environ, "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"), "ANSIBLE_REMOTE_TMP": str(tmp_path / "remote")}
     run = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
@@ -419,6 +426,12 @@ def test_the_roles_tune_tasks_hand_b70ctl_each_hosts_connection_through_ansible(
 
     assert raced("b70-remote") == ["cpu-tiny", "cpu-tiny-ngram", "cpu-tiny-target-only"]
     assert raced("b70-bare") == ["cpu-tiny"]
+
+    def inputs(host: str) -> Path | None:
+        argv = json.loads((tmp_path / "reports" / host / "tune" / "argv.json").read_text())
+        return tune.make_context("tune", argv[1:]).params["roofline_inputs"]
+
+    assert inputs("b70-remote") == measured and inputs("b70-bare") is None
 
 
 def test_a_host_with_no_connection_settings_is_reached_by_its_inventory_name_as_ssh_would():

@@ -115,7 +115,8 @@ def reject_impossible_engine_figures(report: Report, recipe: Recipe) -> None:
     # one of the figures on trial, so it cannot set the bound.
     plain = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"speculative": None})})
     domains = memory_domains(recipe)
-    inputs = (bandwidth_input(recipe, report), weight_input(report, domains), kv_input(recipe, report, domains))
+    inputs = (bandwidth_input(recipe, report.environment), weight_input(report.environment, domains),
+              kv_input(recipe, report, domains))
     for result in report.throughput.workloads:
         if result.error is not None:
             continue

@@ -21,7 +21,15 @@ import statistics
 
 from b70ctl.report.stats import median
 from b70ctl.recipes.model import Recipe
-from b70ctl.report.model import Report, Roofline, RooflineInput, TargetShape, WorkloadResult, WorkloadRoofline
+from b70ctl.report.model import (
+    Environment,
+    Report,
+    Roofline,
+    RooflineInput,
+    TargetShape,
+    WorkloadResult,
+    WorkloadRoofline,
+)
 
 B70_BANDWIDTH_BYTES_PER_S = 608e9
 B70_BANDWIDTH_SOURCE = 'Arc Pro B70: about 608 GB/s per card (docs/facts.md, "Hardware")'
@@ -32,9 +40,8 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                "fp8_e5m2": 1, "fp8_ds_mla": 1, "fp8_inc": 1, "int8": 1}
 
 
-def bandwidth_input(recipe: Recipe, report: Report) -> RooflineInput:
+def bandwidth_input(recipe: Recipe, environment: Environment) -> RooflineInput:
     """Bytes per second one memory domain delivers, and where that figure comes from."""
-    environment = report.environment
     if recipe.host.accelerator == "cpu":
         measured = environment.memory_bandwidth
         if measured is None:
@@ -58,16 +65,16 @@ def memory_domains(recipe: Recipe) -> int:
     return recipe.serve.tensor_parallel_size if recipe.host.accelerator == "xpu" else 1
 
 
-def _shape_missing(report: Report) -> str:
-    return "not measured: " + (report.environment.target_shape_unavailable or
+def _shape_missing(environment: Environment) -> str:
+    return "not measured: " + (environment.target_shape_unavailable or
                                "the served target's files were not read (no target_shape in the host facts; "
                                "`b70ctl verify --model-dir` reads them when the server runs on this machine)")
 
 
-def weight_input(report: Report, domains: int) -> RooflineInput:
-    shape = report.environment.target_shape
+def weight_input(environment: Environment, domains: int) -> RooflineInput:
+    shape = environment.target_shape
     if shape is None:
-        return RooflineInput(value=None, unit="bytes", source=_shape_missing(report))
+        return RooflineInput(value=None, unit="bytes", source=_shape_missing(environment))
     read = shape.weight_bytes - (0 if shape.tie_word_embeddings else shape.embedding_bytes)
     apart = ("" if shape.tie_word_embeddings or not shape.embedding_bytes else
              f", less the input embedding table ({shape.embedding_bytes:,} bytes: one row is read per token)")
@@ -92,7 +99,7 @@ def kv_input(recipe: Recipe, report: Report, domains: int) -> RooflineInput:
     """KV-cache bytes one context token adds in the full-attention layers, per memory domain."""
     shape = report.environment.target_shape
     if shape is None:
-        return RooflineInput(value=None, unit="bytes/token", source=_shape_missing(report))
+        return RooflineInput(value=None, unit="bytes/token", source=_shape_missing(report.environment))
     element, dtype_source = kv_element_bytes(recipe, shape)
     if element is None:
         return RooflineInput(value=None, unit="bytes/token",
@@ -127,6 +134,11 @@ def mean_context_tokens(result: WorkloadResult) -> float | None:
     return statistics.fmean(contexts) if contexts else None
 
 
+def decode_bound(bandwidth_bytes_per_s: float, bytes_per_step: float, acceptance: float) -> float:
+    """The module's formula: steps per second the memory allows, times the tokens each step yields."""
+    return bandwidth_bytes_per_s / bytes_per_step * acceptance
+
+
 def workload_roofline(result: WorkloadResult, recipe: Recipe, shape: TargetShape | None, domains: int,
                       bandwidth: RooflineInput, weights: RooflineInput, kv: RooflineInput) -> WorkloadRoofline:
     measured = result.decode_tok_s.median if result.decode_tok_s and result.timing_source == "engine" else None
@@ -153,7 +165,7 @@ def workload_roofline(result: WorkloadResult, recipe: Recipe, shape: TargetShape
     figures.bytes_per_step = weights.value + figures.kv_bytes_per_step
     if figures.bytes_per_step <= 0:
         return figures.model_copy(update={"not_measured": "no bytes read per step: the target has no weights"})
-    figures.bound_tok_s = bandwidth.value / figures.bytes_per_step * acceptance
+    figures.bound_tok_s = decode_bound(bandwidth.value, figures.bytes_per_step, acceptance)
     if measured is None:
         figures.not_measured = ("no decode rate on the engine's clock (" +
                                 (result.timing_note or result.error or "no timed request") + ")")
@@ -167,8 +179,8 @@ def compute_roofline(report: Report, recipe: Recipe) -> Roofline:
     workloads are another server: left out)."""
     domains = memory_domains(recipe)
     shape = report.environment.target_shape
-    bandwidth = bandwidth_input(recipe, report)
-    weights, kv = weight_input(report, domains), kv_input(recipe, report, domains)
+    bandwidth = bandwidth_input(recipe, report.environment)
+    weights, kv = weight_input(report.environment, domains), kv_input(recipe, report, domains)
     served_by_baseline = {workload.name for workload in recipe.workloads if workload.server == "baseline"}
     workloads = [workload_roofline(result, recipe, shape, domains, bandwidth, weights, kv)
                  for result in (report.throughput.workloads if report.throughput else [])
@@ -182,3 +194,11 @@ def compute_roofline(report: Report, recipe: Recipe) -> Roofline:
                     bandwidth_bytes_per_s=bandwidth, weight_bytes=weights,
                     kv_bytes_per_token=kv, workloads=workloads,
                     efficiency=median(efficiencies) if efficiencies else None, not_measured=not_measured)
+
+
+def weights_bound(bandwidth: RooflineInput, weights: RooflineInput, acceptance: float | None) -> float | None:
+    """The bound with the KV cache's reads left out (each step still reads the weights once): higher than the
+    per-workload bound, which also counts the context, so still a ceiling. None when an input is missing."""
+    if bandwidth.value is None or not weights.value or acceptance is None:
+        return None
+    return decode_bound(bandwidth.value, weights.value, acceptance)

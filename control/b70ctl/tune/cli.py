@@ -16,6 +16,7 @@ from rich.table import Table
 
 from b70ctl.errors import BadInput
 from b70ctl.options import json_option
+from b70ctl.report.model import RooflineInputs
 from b70ctl.tune.model import TuneReport
 
 if TYPE_CHECKING:
@@ -39,6 +40,10 @@ def tune_command(
     host: Annotated[Path | None, typer.Option(
         help="An appliance host whose serving unit the tune owns: its connection and vllm_serve settings as JSON "
              "(a file, or - for stdin; playbooks/tune.yml passes it). Without it: local processes (cpu-tiny)")
+    ] = None,
+    roofline_inputs: Annotated[Path | None, typer.Option(
+        help="The roofline's inputs measured on the serving host (b70host/roofline_inputs.py's JSON, as verify "
+             "takes it); without it, local servers are measured here and a host's candidates get no roofline")
     ] = None,
     as_json: Annotated[bool, json_option("Print tune.json to stdout")] = False,
 ) -> None:
@@ -74,6 +79,7 @@ def tune_command(
     from b70ctl.tune.run import race_plan
 
     race_plan(raced, None, budget_requests)  # a budget that cannot cover one round is refused before any start
+    measured_inputs = _roofline_inputs(roofline_inputs) if roofline_inputs is not None else None
     console = Console(stderr=True)
 
     def progress(message: str) -> None:
@@ -95,7 +101,7 @@ def tune_command(
                 entrants = [Entrant(one, unit.serving_of(one)) for one in raced]  # refused before the host is touched
                 with unit:
                     report = run_race(entrants, out, progress=progress, profile=unit.profile,
-                                      budget_requests=budget_requests)
+                                      budget_requests=budget_requests, roofline_inputs=measured_inputs)
             else:
                 models = models_dir or default_cache_dir() / "tiny-models"
                 progress(f"tiny models in {models} (generated once)")
@@ -104,7 +110,15 @@ def tune_command(
                     ensure_models(one, models)
                     entrants.append(Entrant(one, LocalServing(one, models, out / "logs",
                                                               timeout_s=start_timeout or 900.0, progress=progress)))
-                report = run_race(entrants, out, progress=progress, budget_requests=budget_requests)
+                if measured_inputs is None:
+                    # The servers run on this machine: the target's files and this memory are the roofline's.
+                    from b70ctl.serve.render import model_paths
+                    from b70host.roofline_inputs import collect
+
+                    measured_inputs = RooflineInputs.model_validate(
+                        collect(model_paths(models, loaded)[0], copy_benchmark=True))
+                report = run_race(entrants, out, progress=progress, budget_requests=budget_requests,
+                                  roofline_inputs=measured_inputs)
     except (KeyboardInterrupt, Terminated) as stop:
         console.print(f"stopped: what was measured is kept in {out / STATE_FILE}; the same command resumes from it",
                       highlight=False, soft_wrap=True)
@@ -115,6 +129,21 @@ def tune_command(
     else:
         render(report, out)
     raise typer.Exit(1 if report.outcome == "no_candidate" else 0)
+
+
+def _roofline_inputs(path: Path) -> RooflineInputs:
+    """--roofline-inputs: the JSON the serving host's probe printed, or one line saying what is wrong with it."""
+    from pydantic import ValidationError
+
+    from b70ctl.errors import first_problem
+    from b70ctl.files import read_json_object
+
+    fix = "give the JSON b70host/roofline_inputs.py printed on the serving host"
+    found = read_json_object(path, f"--roofline-inputs {path}", fix)
+    try:
+        return RooflineInputs.model_validate(found)
+    except ValidationError as error:
+        raise BadInput(f"--roofline-inputs {path}: {first_problem(error)}: {fix}") from None
 
 
 def _appliance_host(path: Path) -> ApplianceHost:

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from b70ctl.documents import Document as _Model
 from b70ctl.documents import Pinned
+from b70ctl.report.model import RooflineInput
 # The applied tune's document is serve's to read (serve/tuned.py); the tune writes it.
 from b70ctl.serve.tuned import TunedSettings as TunedSettings
 from b70ctl.serve.tuned import Value as Value
@@ -102,6 +103,10 @@ class CandidateResult(_Model):
     correctness: str | None = None
     gate: str | None = Field(None, description="The gate's verdict at the candidate's first serve")
     disqualified: str | None = None
+    mean_acceptance_length: float | None = Field(
+        None, description="Tokens per decode step over its halving measurements: 1 without speculation; None when "
+                          "the counters gave none")
+    bound_tok_s: float | None = Field(None, description="The decode roofline at that acceptance length (tok/s)")
 
     @property
     def settings_label(self) -> str:
@@ -136,6 +141,17 @@ class PublishedRecord(_Model):
     url: str | None = None
 
 
+class RaceRoofline(_Model):
+    """The decode roofline of the candidates (report/roofline.py): the host's bandwidth per memory domain over the
+    target's weights read per step, times each candidate's acceptance length. The KV cache's reads are left out
+    (the tune does not record each request's context), so the bound is higher than verify's per workload: still a
+    ceiling, never a rate to reach."""
+
+    bandwidth_bytes_per_s: RooflineInput
+    weight_bytes: RooflineInput = Field(description="The target's weights read per step, over all cards")
+    not_measured: str | None = Field(None, description="Why no candidate has a bound")
+
+
 class TuneReport(_Model):
     schema_version: Literal[1] = TUNE_SCHEMA_VERSION
     recipe: str = Field(description="The recipe tuned; in a race, the host's recipe (the first raced), which the "
@@ -155,6 +171,7 @@ class TuneReport(_Model):
     rounds: list[Round]
     candidates: list[CandidateResult]
     final: FinalComparison | None = None
+    roofline: RaceRoofline | None = Field(None, description="None: a report written before the roofline was in it")
     outcome: Literal["tuned", "default_best", "no_candidate"]
     tuned_overrides: dict[str, Value] = Field(description="What to apply; empty when the default stays")
     winner_recipe: str | None = Field(None, description="In a race, the recipe to serve: the winner's, or the "

@@ -60,16 +60,21 @@ def tune_markdown(report: TuneReport) -> str:
             lines.append(_figures_row(f"winner: {labels[report.final.winner_key]}", report.final.winner))
         lines.append("")
     lines += ["## Candidates (successive halving)", "",
-              "| candidate | rounds | score | median | MAD | n | correctness | gate | |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| candidate | rounds | score | median | MAD | n | tokens/step | roofline | median of roofline "
+              "| correctness | gate | |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ranked = sorted(report.candidates, key=lambda c: (c.disqualified is not None, -c.rounds,
                                                       -(c.halving.score_tok_s or 0.0)))
     for candidate in ranked:
         name = candidate.label + (" (recipe's default)" if candidate.is_default else "")
         lines.append(f"| {text(name)} | {candidate.rounds} | {_tok(candidate.halving.score_tok_s)} "
                      f"| {_tok(candidate.halving.median_tok_s)} | {_tok(candidate.halving.mad_tok_s)} "
-                     f"| {candidate.halving.n} | {text(candidate.correctness or '-')} | {text(candidate.gate or '-')} "
+                     f"| {candidate.halving.n} | {_steps(candidate.mean_acceptance_length)} "
+                     f"| {_tok(candidate.bound_tok_s)} "
+                     f"| {_share(candidate.halving.median_tok_s, candidate.bound_tok_s)} "
+                     f"| {text(candidate.correctness or '-')} | {text(candidate.gate or '-')} "
                      f"| {text('disqualified: ' + candidate.disqualified) if candidate.disqualified else ''} |")
+    lines += roofline_lines(report)
     if report.race:
         lines += race_table(report)
     lines += ["", "## Rounds", "", "| round | requests per workload | measured | kept |", "|---|---|---|---|"]
@@ -80,12 +85,40 @@ def tune_markdown(report: TuneReport) -> str:
     return "\n".join(lines)
 
 
+def _steps(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _share(measured: float | None, bound: float | None) -> str:
+    return "-" if measured is None or not bound else f"{measured / bound:.0%}"
+
+
+def roofline_lines(report: TuneReport) -> list[str]:
+    """Where the roofline column comes from, or why it is empty."""
+    roofline = report.roofline
+    if roofline is None:
+        return []
+    lines = ["", "Roofline: the decode rate the memory allows, bandwidth / weights read per step x tokens per step "
+                 "(the candidate's mean acceptance length; 1 without speculation). The KV cache's reads are left "
+                 "out, since the tune does not record each request's context, so this bound is higher than verify's "
+                 "per workload: a ceiling, not a rate to reach."]
+    if roofline.not_measured:
+        lines.append(f"Not measured: {text(roofline.not_measured)}.")
+    bandwidth, weights = roofline.bandwidth_bytes_per_s, roofline.weight_bytes
+    if bandwidth.value is not None:
+        lines.append(f"- bandwidth per memory domain: {bandwidth.value / 1e9:.1f} GB/s ({text(bandwidth.source)})")
+    if weights.value is not None:
+        lines.append(f"- target weights read per step, all cards: {weights.value:,.0f} bytes ({text(weights.source)})")
+    return lines
+
+
 def race_table(report: TuneReport) -> list[str]:
     """Each raced recipe's best measured candidate beside the records published for it (tok/s, with where). The
     measured rate is this host's; a published figure is another machine's on its own prompts, so they sit side by
     side and nothing is divided."""
     lines = ["", "## Each recipe: measured here, and published", "",
-             "| recipe | best candidate here | score | median | published | source |", "|---|---|---|---|---|---|"]
+             "| recipe | best candidate here | score | median | roofline | published | source |",
+             "|---|---|---|---|---|---|---|"]
     for name in report.race:
         own = [c for c in report.candidates if c.recipe == name]
         scored = [c for c in own if c.disqualified is None and c.halving.score_tok_s is not None]
@@ -93,14 +126,14 @@ def race_table(report: TuneReport) -> list[str]:
         records: list[PublishedRecord | None] = [r for r in report.published if r.recipe == name] or [None]
         for index, record in enumerate(records):
             measured = (f"| {text(best.settings_label)} | {_tok(best.halving.score_tok_s)} "
-                        f"| {_tok(best.halving.median_tok_s)} |" if best is not None else
-                        f"| {text('out: ' + own[0].disqualified) if own and own[0].disqualified else '-'} | - | - |")
+                        f"| {_tok(best.halving.median_tok_s)} | {_tok(best.bound_tok_s)} |" if best is not None else
+                        f"| {text('out: ' + own[0].disqualified) if own and own[0].disqualified else '-'} | - | - "
+                        "| - |")
             published = ("- | - |" if record is None else
                          f"{record.tok_s:.1f} ({text(record.description)}) | "
                          + (f"[{text(record.source)}]({record.url})" if record.url else text(record.source)) + " |")
             lines.append(f"| {text(name) if index == 0 else ''} "
-                         + (measured if index == 0 else "| | | |") + f" {published}")
-    lines += ["", "The roofline is not in a race's report: verify's report on the winner has it."]
+                         + (measured if index == 0 else "| | | | |") + f" {published}")
     return lines
 
 

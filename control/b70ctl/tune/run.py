@@ -22,13 +22,15 @@ from b70ctl.checks.gate import compare_after_restart, load_answers, make_decoder
 from b70ctl.checks.throughput import run_throughput
 from b70ctl.errors import BadInput
 from b70ctl.recipes.model import Recipe, TuneSpace
-from b70ctl.report.model import CorrectnessResult
+from b70ctl.report.model import CorrectnessResult, Environment, RooflineInput, RooflineInputs
+from b70ctl.report.roofline import bandwidth_input, memory_domains, weight_input, weights_bound
 from b70ctl.tune.model import (
     Candidate,
     CandidateResult,
     FinalComparison,
     Measurement,
     PublishedRecord,
+    RaceRoofline,
     Round,
     TuneReport,
     Value,
@@ -365,12 +367,14 @@ class _NoServers:
 
 
 def run_tune(recipe: Recipe, servers: CandidateServers, out_dir: Path, progress: Progress | None = None,
-             profile: str | None = None, budget_requests: int | None = None) -> TuneReport:
-    return run_race([Entrant(recipe, servers)], out_dir, progress, profile, budget_requests)
+             profile: str | None = None, budget_requests: int | None = None,
+             roofline_inputs: RooflineInputs | None = None) -> TuneReport:
+    return run_race([Entrant(recipe, servers)], out_dir, progress, profile, budget_requests, roofline_inputs)
 
 
 def run_race(entrants: list[Entrant], out_dir: Path, progress: Progress | None = None,
-             profile: str | None = None, budget_requests: int | None = None) -> TuneReport:
+             profile: str | None = None, budget_requests: int | None = None,
+             roofline_inputs: RooflineInputs | None = None) -> TuneReport:
     """A tune of one recipe, or a race of several on the same host: every candidate of every recipe in one
     successive halving on the same workloads and budget, the winner then measured back to back against the host
     recipe's default."""
@@ -405,7 +409,7 @@ def run_race(entrants: list[Entrant], out_dir: Path, progress: Progress | None =
                                 default=figures(default_final.decode_tok_s) if default_final else None,
                                 winner=figures(winner_final.decode_tok_s))
     return build_report(recipes, profile, candidates, default, plan, halving.rounds, final, state, budget,
-                        started_at)
+                        started_at, roofline_inputs)
 
 
 def published_records(recipes: list[Recipe]) -> list[PublishedRecord]:
@@ -417,15 +421,55 @@ def published_records(recipes: list[Recipe]) -> list[PublishedRecord]:
             and claim.value is not None]
 
 
+def acceptance_length(recipe: Recipe, measurements: list[Measurement]) -> float | None:
+    """Tokens per decode step of a candidate: 1 without speculation, else the mean of what its measurements'
+    counters gave per workload (None when they gave none)."""
+    if recipe.serve.speculative is None:
+        return 1.0
+    lengths = [length for m in measurements for length in m.mean_acceptance_length.values()]
+    return sum(lengths) / len(lengths) if lengths else None
+
+
+def race_roofline(recipes: list[Recipe], inputs: RooflineInputs | None
+                  ) -> tuple[RaceRoofline, dict[str, tuple[RooflineInput, RooflineInput]]]:
+    """The roofline's inputs on this host (the same target for every raced recipe: serving_of refuses others),
+    and per recipe its bandwidth and weights per memory domain."""
+    environment = Environment()
+    if inputs is None:
+        environment.target_shape_unavailable = ("the serving host's roofline inputs were not given (b70ctl tune "
+                                                "--roofline-inputs: the JSON b70host/roofline_inputs.py printed there)")
+        environment.memory_bandwidth_unavailable = environment.target_shape_unavailable
+    else:
+        environment = Environment(target_shape=inputs.target_shape,
+                                  target_shape_unavailable=inputs.target_shape_unavailable,
+                                  memory_bandwidth=inputs.memory_bandwidth,
+                                  memory_bandwidth_unavailable=inputs.memory_bandwidth_unavailable)
+    per_recipe = {recipe.name: (bandwidth_input(recipe, environment),
+                                weight_input(environment, memory_domains(recipe))) for recipe in recipes}
+    host_bandwidth, _ = per_recipe[recipes[0].name]
+    missing = [one.source for bandwidth, weights in per_recipe.values() for one in (bandwidth, weights)
+               if one.value is None]
+    roofline = RaceRoofline(bandwidth_bytes_per_s=host_bandwidth, weight_bytes=weight_input(environment, 1),
+                            not_measured="; ".join(dict.fromkeys(reason.removeprefix("not measured: ")
+                                                                 for reason in missing)) or None)
+    return roofline, per_recipe
+
+
 def build_report(recipes: list[Recipe], profile: str | None, candidates: list[Candidate], default: Candidate,
                  plan: list[PlannedRound], rounds: list[Round], final: FinalComparison | None, state: TuneState,
-                 budget: int, started_at: datetime) -> TuneReport:
+                 budget: int, started_at: datetime, roofline_inputs: RooflineInputs | None = None) -> TuneReport:
     recipe = recipes[0]
     racing = len(recipes) > 1
+    by_name = {one.name: one for one in recipes}
+    roofline, per_recipe = race_roofline(recipes, roofline_inputs)
     results = []
     for candidate in candidates:
         measurements = [m for m in state.of(candidate.key) if m.stage.startswith("round-")]
+        served = by_name[candidate.recipe or recipe.name].with_overrides(candidate.overrides)
+        acceptance = acceptance_length(served, [m for m in measurements if m.requests])
+        bandwidth, weights = per_recipe[candidate.recipe or recipe.name]
         results.append(CandidateResult(
+            mean_acceptance_length=acceptance, bound_tok_s=weights_bound(bandwidth, weights, acceptance),
             key=candidate.key, label=candidate.label, recipe=candidate.recipe, overrides=candidate.overrides,
             is_default=candidate.key == default.key, rounds=len(measurements),
             halving=figures(halving_rates(state, candidate)),
@@ -468,7 +512,8 @@ def build_report(recipes: list[Recipe], profile: str | None, candidates: list[Ca
         vllm_version=recipe.vllm_version, profile=profile, knobs=knobs,
         default_overrides=default.overrides, workloads=measured_workloads(recipe), budget_requests=budget,
         spent_requests=state.spent_requests, started_at=started_at, finished_at=datetime.now(UTC), rounds=rounds,
-        candidates=results, final=final, outcome=outcome, tuned_overrides=tuned, summary=summary)
+        candidates=results, final=final, roofline=roofline, outcome=outcome, tuned_overrides=tuned,
+        summary=summary)
 
 
 def applied(winner: Candidate) -> dict[str, int | str | None]:
