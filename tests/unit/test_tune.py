@@ -178,6 +178,12 @@ class ScriptedServing:
         self.baseline_starts = 0
         self.starts: list[int] = []
 
+    def roofline_inputs(self):
+        """As LocalServing's: here nothing was measured, and each input says why."""
+        from b70ctl.report.model import RooflineInputs
+
+        return RooflineInputs(memory_bandwidth_unavailable="scripted servers", target_shape_unavailable="scripted")
+
     @contextmanager
     def baseline(self):
         self.baseline_starts += 1
@@ -423,6 +429,8 @@ def test_the_command_end_to_end_stopped_then_resumed(tmp_path, monkeypatch):
     printed = TuneReport.model_validate_json(resumed.stdout[resumed.stdout.index("{"):])
     assert printed.tuned_overrides == {"method": "draft_model", "num_speculative_tokens": 5}
     assert printed == TuneReport.model_validate_json((tmp_path / "tune.json").read_text())
+    # Without --roofline-inputs the local servers' own figures are asked for (these scripted ones have none).
+    assert printed.roofline.not_measured == "scripted servers; scripted"
 
 
 # -- a race of recipes -------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def test_race_on_real_vllm(cpu_tiny, tiny_models, tmp_path):
     recipes = [small(cpu_tiny), small(load_recipe("cpu-tiny-ngram")), small(load_recipe("cpu-tiny-target-only"))]
     entrants = [Entrant(recipe, LocalServing(recipe, tiny_models, tmp_path / "logs", timeout_s=900))
                 for recipe in recipes]
-    report = run_race(entrants, tmp_path)
+    report = run_race(entrants, tmp_path, roofline_inputs=entrants[0].servers.roofline_inputs())
     write_tune_outputs(report, tmp_path)
 
     # Greedy speculation is lossless, and TP changes nothing at TP=1: every candidate of every recipe matched the
@@ -54,6 +54,10 @@ def test_race_on_real_vllm(cpu_tiny, tiny_models, tmp_path):
                                                     "cpu-tiny-ngram: the recipe as it is",
                                                     "cpu-tiny-target-only: the recipe as it is"}
     assert all(c.halving.n == 2 and c.halving.score_tok_s > 0 for c in report.candidates)
+    # Each under its roofline, from this machine's copy bandwidth and the tiny target's files.
+    assert report.roofline.not_measured is None, report.roofline
+    assert all(c.bound_tok_s > c.halving.median_tok_s for c in report.candidates), \
+        [(c.label, c.bound_tok_s, c.halving.median_tok_s) for c in report.candidates]
     # The gate against silent garbage at each first serve: repeated prompts, the long prefix from the cache and runs
     # of one token gave the cold answers on real vLLM; the final's second serves answered as the first did.
     assert all(c.gate is not None and c.gate.startswith("gate passed") for c in report.candidates), \

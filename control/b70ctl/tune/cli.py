@@ -105,18 +105,14 @@ def tune_command(
             else:
                 models = models_dir or default_cache_dir() / "tiny-models"
                 progress(f"tiny models in {models} (generated once)")
-                entrants = []
+                local = []
                 for one in raced:
                     ensure_models(one, models)
-                    entrants.append(Entrant(one, LocalServing(one, models, out / "logs",
-                                                              timeout_s=start_timeout or 900.0, progress=progress)))
-                if measured_inputs is None:
-                    # The servers run on this machine: the target's files and this memory are the roofline's.
-                    from b70ctl.serve.render import model_paths
-                    from b70host.roofline_inputs import collect
-
-                    measured_inputs = RooflineInputs.model_validate(
-                        collect(model_paths(models, loaded)[0], copy_benchmark=True))
+                    local.append(LocalServing(one, models, out / "logs", timeout_s=start_timeout or 900.0,
+                                              progress=progress))
+                entrants = [Entrant(one, servers) for one, servers in zip(raced, local, strict=True)]
+                if measured_inputs is None:  # the servers run here: this machine's figures are theirs
+                    measured_inputs = local[0].roofline_inputs()
                 report = run_race(entrants, out, progress=progress, budget_requests=budget_requests,
                                   roofline_inputs=measured_inputs)
     except (KeyboardInterrupt, Terminated) as stop:

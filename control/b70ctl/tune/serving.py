@@ -20,6 +20,7 @@ from b70ctl.checks.client import Endpoint
 from b70ctl.errors import B70Error
 from b70ctl.host_documents import TopologyDocument
 from b70ctl.recipes.model import Recipe
+from b70ctl.report.model import RooflineInputs
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container
 from b70ctl.tune.model import Candidate
 
@@ -85,6 +86,14 @@ class LocalServing:
             yield Endpoint(server.url, model=recipe.serve.served_model_name, timeout_s=self.request_timeout_s)
         finally:
             server.stop()
+
+    def roofline_inputs(self) -> RooflineInputs:
+        """The roofline's inputs where these servers run: the target's files and this machine's copy bandwidth."""
+        from b70ctl.serve.render import model_paths
+        from b70host.roofline_inputs import collect
+
+        return RooflineInputs.model_validate(collect(model_paths(self.models_dir, self.recipe)[0],
+                                                     copy_benchmark=True))
 
     @contextmanager
     def baseline(self) -> Iterator[Endpoint]:
