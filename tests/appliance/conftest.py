@@ -20,6 +20,7 @@ from typing import Iterator
 import pytest
 
 from provision import Appliance, PlaybookRun, run_playbook, start_hosts, run_testhosts
+from store_fixtures import hub, hub_env, registry  # noqa: F401 - the model-store fixtures, as the unit tests have them
 
 HOST_PREFIX = "b70-app"
 HOST_SUBNET = "172.30.72.0/24"

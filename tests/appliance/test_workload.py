@@ -22,16 +22,15 @@ import yaml
 
 from provision import REPO_ROOT, Appliance, HostUnderTest, PlaybookRun, assert_recap, on, run_playbook, serving_pid
 
-sys.path.insert(0, str(REPO_ROOT / "tests" / "unit"))
-from store_fixtures import hub, hub_env, registry, write_recipe  # noqa: E402,F401 (fixtures)
+from store_fixtures import write_recipe
 
-from b70ctl.lock.model import load_recipe_and_lock  # noqa: E402
-from b70ctl.lock.resolve import resolve_and_write  # noqa: E402
-from b70ctl.checks.client import Endpoint, VllmClient  # noqa: E402
-from b70ctl.recipes import load_recipe  # noqa: E402
-from b70ctl.tune.cli import _appliance_host  # noqa: E402
-from b70ctl.tune.run import candidates_of  # noqa: E402
-from b70ctl.tune.unit import SshShell, SystemdUnitServing, host_shell  # noqa: E402
+from b70ctl.lock.model import load_recipe_and_lock
+from b70ctl.lock.resolve import resolve_and_write
+from b70ctl.checks.client import Endpoint, VllmClient
+from b70ctl.recipes import load_recipe
+from b70ctl.tune.cli import _appliance_host
+from b70ctl.tune.run import candidates_of
+from b70ctl.tune.unit import SshShell, SystemdUnitServing, host_shell
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 

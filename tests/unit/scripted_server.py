@@ -17,6 +17,7 @@ from collections.abc import Callable
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
@@ -24,7 +25,9 @@ import httpx
 
 from b70ctl.checks.client import Endpoint, VllmClient
 from b70ctl.recipes import load_recipe
-from b70ctl.recipes.model import Recipe, Workload
+from b70ctl.recipes.model import Claim, CorrectnessSettings, Recipe, Workload
+from b70ctl.report.model import Report
+from b70ctl.verify.pipeline import VerifyRequest, verify
 
 Mode = Literal["ok", "http500", "cut", "stall"]
 Delivery = Literal["on_time", "burst"]
@@ -368,3 +371,45 @@ def workload(name: str, prompt: str, **overrides) -> Workload:
 def client_for(server: ScriptedServer, model: str | None = "scripted", timeout_s: float = 10.0,
                transport: httpx.BaseTransport | None = None) -> VllmClient:
     return VllmClient(Endpoint(server.url, model=model, timeout_s=timeout_s), transport=transport)
+
+
+def scripted_recipe(*claims: Claim) -> Recipe:
+    """Two workloads (3 short requests, 2 natural) and three correctness prompts: a verify run in seconds."""
+    recipe = recipe_with(workload("short", "go", max_requests=3, min_requests=3),
+                         workload("natural", "tell", max_requests=2, min_requests=2))
+    return recipe.model_copy(update={
+        "correctness": CorrectnessSettings(prompts=["a", "b", "c"], max_tokens=7),
+        "claims": list(claims),
+    })
+
+
+SHORT_RATE = Claim(id="short-rate", description="short decode", metric="throughput.short.decode_tok_s.median",
+                   op=">=", value=1.0, source="test")
+
+
+def request_for(recipe: Recipe, served: ScriptedServer, baseline: ScriptedServer, out_dir: Path,
+                **overrides: Any) -> VerifyRequest:
+    """verify's request against a scripted server and its target-only baseline (the `servers` fixture's pair)."""
+    return VerifyRequest(recipe=recipe, out_dir=out_dir, endpoint=Endpoint(served.url, model="scripted", timeout_s=5),
+                         baseline_endpoint=Endpoint(baseline.url, model="scripted", timeout_s=5), **overrides)
+
+
+def steady_script(tok_s: float) -> Script:
+    """Nine tokens, one per chunk, the engine producing one every 1/tok_s seconds: (9 - 1) * tok_s / 8 = tok_s."""
+    return Script(ttft_s=0.002, offsets_s=[index / tok_s for index in range(9)], tokens_per_chunk=[1] * 9)
+
+
+def short_recipe(*claims: Claim, requests: int = 3) -> Recipe:
+    """One workload of `requests` 33-token answers to "go", two correctness prompts: the engine-clock tests'."""
+    base = recipe_with(workload("short", "go", max_tokens=33, max_requests=requests, min_requests=requests))
+    return base.model_copy(update={"correctness": CorrectnessSettings(prompts=["ab", "cd"], max_tokens=7),
+                                   "claims": list(claims)})
+
+
+def verify_scripted(recipe: Recipe, served: ScriptedServer, baseline: ScriptedServer, out_dir: Path,
+                    **overrides: Any) -> Report:
+    """verify run to the end against a scripted server and its baseline (10 s per request)."""
+    return verify(VerifyRequest(recipe=recipe, out_dir=out_dir,
+                                endpoint=Endpoint(served.url, model="scripted", timeout_s=10),
+                                baseline_endpoint=Endpoint(baseline.url, model="scripted", timeout_s=10),
+                                **overrides))

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_dockerfiles import SERIES, built_images, engine  # noqa: F401 - fixtures
+from image_fixtures import SERIES
+from rehearsal import STANDINS, build_standin, image_id
 
 from b70ctl.cli import main
 from b70ctl.image.build import LABEL_BASE_DIGEST, LABEL_SERIES_SHA256, LABEL_VLLM_VERSION
@@ -27,14 +28,12 @@ from b70ctl.image.patches import load_series
 from b70ctl.recipes import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "appliance"))
-from rehearsal import STANDINS, build_standin, image_id  # noqa: E402
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1800)]  # a fresh machine downloads each base's vLLM
 
 
 @pytest.fixture(scope="module")
-def standins(engine, tmp_path_factory) -> dict[str, str]:  # noqa: F811 - the fixture imported above
+def standins(engine, tmp_path_factory) -> dict[str, str]:
     """{recipe: image id} of each stand-in, built once for this file (docker's layer cache keeps them for the
     rehearsal)."""
     work_dir = tmp_path_factory.mktemp("standins")
@@ -113,7 +112,7 @@ print(*seen, os.environ["ZE_AFFINITY_MASK"])
 """
 
 
-def test_route_a_builds_on_its_stand_in_applying_the_series(standins, engine, built_images, monkeypatch,  # noqa: F811
+def test_route_a_builds_on_its_stand_in_applying_the_series(standins, engine, built_images, monkeypatch,
                                                             capsys) -> None:
     built_images.append("localhost/b70/vllm-xpu-dspark:0.21-dspark")
     base_id = standins[ROUTE_A]
@@ -150,7 +149,7 @@ def test_route_a_builds_on_its_stand_in_applying_the_series(standins, engine, bu
     assert json.loads(capsys.readouterr().out)[LABEL_SERIES_SHA256] == series.series_sha256
 
 
-def test_route_a_build_fails_naming_the_patch_when_the_base_moved(standins, built_images, tmp_path,  # noqa: F811
+def test_route_a_build_fails_naming_the_patch_when_the_base_moved(standins, built_images, tmp_path,
                                                                   monkeypatch, capsys) -> None:
     """The stand-in with one line of its vLLM changed where patch 0003 edits: the build stops there, naming it."""
     built_images.append("localhost/b70-test/route-a-stand-in:moved")

@@ -17,6 +17,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from b70ctl.cli import main
+from image_fixtures import DIGEST, SERIES, resolved_lock
 from b70ctl.errors import BadInput, Refused
 from b70ctl.image.build import (
     LABEL_BASE_DIGEST,
@@ -30,23 +31,12 @@ from b70ctl.image.build import (
     require_pinned_base,
 )
 from b70ctl.image.patches import load_series
-from b70ctl.lock.model import build_lock, load_lock_file, lock_path_for
+from b70ctl.lock.model import load_lock_file, lock_path_for
 from b70ctl.recipes import load_recipe, load_recipe_file
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((REPO / "images").glob("*/Dockerfile"))
-SERIES = REPO / "images" / "xpu-dspark-0.21" / "patches" / "series"
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"
-DIGEST = "sha256:" + "ab" * 32
-
-
-def resolved_lock(name: str, base_digest: str | None = DIGEST):
-    """The shipped lock of a recipe with its image pin resolved to `base_digest` (as `lock resolve` would)."""
-    lock = load_lock_file(lock_path_for(name))
-    base = load_recipe(name).image.build.base
-    image = lock.image.model_copy(update={"base_reference": base, "base_digest": base_digest, "resolved": True,
-                                          "unresolved_reason": None})
-    return build_lock(lock.recipe, lock.vllm_version, image, lock.patch_series, lock.target, lock.drafter)
 
 
 def test_every_image_has_a_dockerfile():
@@ -213,40 +203,6 @@ def test_a_series_for_another_vllm_is_refused():
 
 
 # --- real builds on a docker engine -------------------------------------------------------------------------------
-
-
-def _docker():
-    docker = pytest.importorskip("docker")
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException:
-        return None
-    return client
-
-
-@pytest.fixture()
-def built_images(engine):
-    """Images a test builds, removed afterwards: a route-a image built on a stand-in base must not stay tagged as
-    the recipe's image."""
-    tags: list[str] = []
-    yield tags
-    for tag in tags:
-        try:
-            engine.images.remove(tag, force=True)
-        except Exception:  # noqa: BLE001 - already gone or still referenced: nothing to clean
-            pass
-
-
-@pytest.fixture(scope="module")
-def engine():
-    client = _docker()
-    if client is None:
-        # The same engine the appliance test hosts use; safe to re-run when one already answers.
-        subprocess.run([sys.executable, str(REPO / "scripts" / "testhosts"), "engine"], check=True)
-        client = _docker()
-    assert client is not None, "scripts/testhosts engine started no reachable docker engine"
-    return client
 
 
 def _debian_base(client) -> str:

@@ -13,16 +13,14 @@ import sys
 
 import pytest
 from scripted_server import Script, ScriptedServer, SpecPerRequest
-from scripted_server import client_for, recipe_with, workload
+from scripted_server import client_for, recipe_with, short_recipe, verify_scripted, workload
 
-from b70ctl.checks.client import Endpoint
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import run_throughput
 from b70ctl.report.measurements import throughput_measurements
 from b70ctl.errors import BadInput
-from b70ctl.recipes.model import Claim, CorrectnessSettings
+from b70ctl.recipes.model import Claim
 from b70ctl.report.load import read_report
-from b70ctl.verify.pipeline import VerifyRequest, verify
 
 # 33 tokens from the engine over 0.64 s (first to last token): 32 / 0.64 = 50 tok/s, whatever the delivery.
 STEADY = Script(ttft_s=0.1, offsets_s=[0.02 * k for k in range(33)], tokens_per_chunk=[1] * 33)
@@ -44,23 +42,10 @@ def servers():
         yield served, baseline
 
 
-def recipe(*claims: Claim, requests: int = 3):
-    base = recipe_with(workload("short", "go", max_tokens=33, max_requests=requests, min_requests=requests))
-    return base.model_copy(update={"correctness": CorrectnessSettings(prompts=["ab", "cd"], max_tokens=7),
-                                   "claims": list(claims)})
-
-
-def run(recipe_, served, baseline, out_dir, **overrides):
-    return verify(VerifyRequest(recipe=recipe_, out_dir=out_dir,
-                                endpoint=Endpoint(served.url, model="scripted", timeout_s=10),
-                                baseline_endpoint=Endpoint(baseline.url, model="scripted", timeout_s=10),
-                                **overrides))
-
-
 def test_a_stream_delivered_in_one_burst_is_judged_on_the_engine_rate(servers, tmp_path):
     served, baseline = servers
     served.scripts["go"] = BURST
-    report = run(recipe(DECODE_AT_LEAST_40, DECODE_AT_MOST_60), served, baseline, tmp_path)
+    report = verify_scripted(short_recipe(DECODE_AT_LEAST_40, DECODE_AT_MOST_60), served, baseline, tmp_path)
 
     short = report.throughput.workloads[0]
     assert [r.decode_tok_s for r in short.requests] == pytest.approx([STEADY_ENGINE_TOK_S] * 3, rel=1e-9)
@@ -80,7 +65,7 @@ def test_a_stream_delivered_in_one_burst_is_judged_on_the_engine_rate(servers, t
 def test_on_time_delivery_agrees_with_the_engine_and_keeps_the_peak(servers, tmp_path):
     served, baseline = servers
     served.scripts["go"] = STEADY
-    report = run(recipe(DECODE_AT_LEAST_40, PEAK), served, baseline, tmp_path)
+    report = verify_scripted(short_recipe(DECODE_AT_LEAST_40, PEAK), served, baseline, tmp_path)
     short = report.throughput.workloads[0]
     assert short.decode_tok_s.median == pytest.approx(STEADY_ENGINE_TOK_S, rel=1e-9)
     for sample in short.requests:
@@ -97,7 +82,7 @@ def test_without_per_request_timing_the_client_figures_stand_and_say_so(servers,
     served, baseline = servers
     served.scripts["go"] = STEADY
     served.request_histograms = False
-    report = run(recipe(DECODE_AT_LEAST_40), served, baseline, tmp_path)
+    report = verify_scripted(short_recipe(DECODE_AT_LEAST_40), served, baseline, tmp_path)
     short = report.throughput.workloads[0]
     assert short.timing_source == "client"
     assert all(r.delivery == "unchecked" and r.engine is None for r in short.requests)
@@ -194,7 +179,7 @@ def test_smoke_names_a_server_that_does_not_speculate_for_a_speculative_recipe(s
 def test_a_baseline_that_is_the_endpoint_itself_is_refused(servers, tmp_path):
     served, _ = servers
     with pytest.raises(BadInput, match="answers with the endpoint's counters"):
-        run(recipe(DECODE_AT_LEAST_40), served, served, tmp_path)
+        verify_scripted(short_recipe(DECODE_AT_LEAST_40), served, served, tmp_path)
     assert not (tmp_path / "report.json").exists()
 
 
@@ -202,14 +187,14 @@ def test_a_speculating_baseline_is_refused(servers, tmp_path):
     served, baseline = servers
     baseline.speculates = True
     with pytest.raises(BadInput, match="the baseline must be target-only"):
-        run(recipe(DECODE_AT_LEAST_40), served, baseline, tmp_path)
+        verify_scripted(short_recipe(DECODE_AT_LEAST_40), served, baseline, tmp_path)
 
 
 def test_an_unmeasured_claim_fails_the_run_and_is_named(servers, tmp_path):
     served, baseline = servers
     never = Claim(id="long-decode", description="long", metric="throughput.long_prompt.decode_tok_s.median",
                   op=">=", value=1.0, source="test")
-    report = run(recipe(DECODE_AT_LEAST_40, never, requests=1), served, baseline, tmp_path)
+    report = verify_scripted(short_recipe(DECODE_AT_LEAST_40, never, requests=1), served, baseline, tmp_path)
     assert [v.verdict for v in report.verdicts] == ["met", "not_measured"]
     assert report.passed is False
     headline = (tmp_path / "report.md").read_text().splitlines()[2]
@@ -221,7 +206,7 @@ def test_verify_cli_exits_1_on_an_unmeasured_claim(servers, tmp_path):
     recipe_file = tmp_path / "recipe.json"
     never = Claim(id="long-decode", description="long", metric="throughput.long_prompt.decode_tok_s.median",
                   op=">=", value=1.0, source="test")
-    recipe_file.write_text(recipe(never, requests=1).model_dump_json())
+    recipe_file.write_text(short_recipe(never, requests=1).model_dump_json())
     completed = subprocess.run(
         [sys.executable, "-c", "from b70ctl.cli import main; main()", "verify", "--endpoint", served.url,
          "--baseline-endpoint", baseline.url,
@@ -261,9 +246,10 @@ def test_a_ratio_claim_compares_the_endpoint_with_the_baseline_measured_in_the_s
     speedup = Claim(id="speedup", description="speculation beats the target alone",
                     metric="throughput.short.decode_tok_s.median",
                     divided_by="throughput.short_baseline.decode_tok_s.median", op=">=", value=1.5, source="test")
-    base = recipe(speedup)
+    base = short_recipe(speedup)
     on_baseline = workload("short_baseline", "go", max_tokens=33, max_requests=2, min_requests=2, server="baseline")
-    report = run(base.model_copy(update={"workloads": [*base.workloads, on_baseline]}), served, baseline, tmp_path)
+    report = verify_scripted(base.model_copy(update={"workloads": [*base.workloads, on_baseline]}), served,
+                             baseline, tmp_path)
     verdict = report.verdicts[0]
     assert verdict.verdict == "met" and verdict.measured == pytest.approx(2.0, rel=1e-9)
     assert verdict.metric.endswith("/ throughput.short_baseline.decode_tok_s.median")
@@ -284,7 +270,7 @@ def test_a_server_whose_greedy_output_matches_nothing_is_diagnosed_in_report_and
     served.first_token_id = 700  # every greedy output differs from the baseline's from the first token on
     greedy = Claim(id="greedy", description="greedy identical", metric="correctness.identical_fraction", op=">=",
                    value=1.0, source="test")
-    report = run(recipe(greedy, requests=1), served, baseline, tmp_path / "reports" / "host-a")
+    report = verify_scripted(short_recipe(greedy, requests=1), served, baseline, tmp_path / "reports" / "host-a")
     assert report.correctness.identical == 0 and not report.passed
     # The catalogue's entry for silent garbage (its source: docs/facts.md, Known failures: "Several image builds
     # silently produce garbage").
@@ -304,9 +290,11 @@ def test_a_server_whose_greedy_output_matches_nothing_is_diagnosed_in_report_and
 def test_reports_made_by_hand_for_three_endpoints_are_three_hosts(servers, tmp_path):
     served, baseline = servers
     for name in ("box-a", "box-b", "box-c"):
-        report = run(recipe(DECODE_AT_LEAST_40, requests=1), served, baseline, tmp_path / "reports" / name)
+        report = verify_scripted(short_recipe(DECODE_AT_LEAST_40, requests=1), served, baseline,
+                                 tmp_path / "reports" / name)
         assert report.environment.hostname is None  # not the machine verify ran on
-    named = run(recipe(DECODE_AT_LEAST_40, requests=1), served, baseline, tmp_path / "named", host="gpu-7")
+    named = verify_scripted(short_recipe(DECODE_AT_LEAST_40, requests=1), served, baseline, tmp_path / "named",
+                            host="gpu-7")
     assert named.environment.hostname == "gpu-7"
 
     from b70ctl.fleet.analysis import aggregate

@@ -19,17 +19,7 @@ from b70ctl.lock.check import check_installed
 from b70ctl.lock.model import load_recipe_and_lock, write_lock
 from b70ctl.lock.resolve import resolve_and_write
 from b70ctl.models.fetch import FetchFailed, fetch, fill_cache
-from store_fixtures import (  # noqa: F401 (fixtures)
-    DRAFTER_REPO,
-    TARGET_REPO,
-    drafter_files,
-    hub,
-    hub_env,
-    registry,
-    sha256,
-    target_files,
-    write_recipe,
-)
+from store_fixtures import DRAFTER_REPO, TARGET_REPO, drafter_files, sha256, target_files, write_recipe
 
 B70CTL = str(Path(sys.executable).with_name("b70ctl"))
 

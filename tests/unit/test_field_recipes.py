@@ -25,7 +25,7 @@ from b70ctl.recipes.model import Recipe
 from b70ctl.recipes.vllm_lines import load_lines, release_line
 from b70ctl.serve.render import ServeContext, render_serve
 from b70host.topology import CCL_PROFILES
-from test_vllm_lines import wheel
+from vllm_wheels import wheel
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "fixtures" / "published"
 FIELD_RECIPES = ["mtp3-int4-tp2", "mtp8-fp8-tp2", "dspark-fp8-tp2", "mtp4-int4-tp1"]

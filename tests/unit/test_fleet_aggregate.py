@@ -4,74 +4,36 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-from fleet_factory import STARTED_AT, environment_for, make_report, to_schema_0, write_host
+from fleet_factory import (
+    CORRUPT_HOST,
+    DSPARK,
+    DSPARK_HOSTS,
+    DUPLICATE_HOST,
+    EMPTY_HOST,
+    FUTURE_SCHEMA_HOST,
+    HOST_FACTS,
+    NO_P2P_HOSTS,
+    OTHER_IMAGE_HOST,
+    OTHER_KERNEL_HOST,
+    PR620,
+    PR620_WORKLOADS,
+    SCHEMA_0_HOST,
+    SLOW_HOST,
+    STARTED_AT,
+    TRUNCATED_HOST,
+    UNREACHABLE_HOST,
+    build_planted_fleet,
+    environment_for,
+    make_report,
+    write_host,
+)
 
 from b70ctl.errors import BadInput
 from b70ctl.fleet import stats
 from b70ctl.fleet.analysis import aggregate
 from b70ctl.fleet.model import FleetReport, RecipeFleet
-
-PR620 = "pr620-fp8-tp2"
-DSPARK = "dspark-int4-tp1"
-PR620_WORKLOADS = ["short", "acceptance_friendly", "natural", "long_prompt"]
-
-OTHER_KERNEL_HOST = "b70-03"
-OTHER_IMAGE_HOST = "b70-07"
-SLOW_HOST = "b70-11"  # same fingerprint as the majority, 40% slower: an outlier drift does not explain
-NO_P2P_HOSTS = ["b70-15", "b70-16", "b70-17", "b70-18"]  # 12% slower, with the no-p2p profile
-UNREACHABLE_HOST = "b70-20"
-SCHEMA_0_HOST = "b70-21"
-TRUNCATED_HOST = "b70-22"
-CORRUPT_HOST = "b70-23"
-FUTURE_SCHEMA_HOST = "b70-24"
-DUPLICATE_HOST = "b70-25"  # an older report of the machine b70-05
-EMPTY_HOST = "b70-26"
-DSPARK_HOSTS = ["dsp-00", "dsp-01", "dsp-02"]
-
-HOST_FACTS = {"kernel": "6.17.0-1009-intel", "xe_guc_firmware": "70.54.0", "xe_huc_firmware": "8.2.10",
-              "compute_runtime": "26.14.37833.4", "gpu_count": 2, "gpu_model": "Arc Pro B70 (8086:e223)",
-              "p2p_profile": "p2p", "unrelated_fact": {"ignored": True}}
-
-
-def build_planted_fleet(reports_dir: Path) -> None:
-    for index in range(20):
-        host = f"b70-{index:02d}"
-        overrides: dict[str, object] = {}
-        speed = 1.0
-        if host == OTHER_KERNEL_HOST:
-            overrides["kernel"] = "6.14.0-1011-intel"
-        if host == OTHER_IMAGE_HOST:
-            overrides["image_digest"] = "sha256:" + "b2" * 32
-        if host in NO_P2P_HOSTS:
-            overrides["p2p_profile"] = "no-p2p"
-            speed = 0.88
-        if host == SLOW_HOST:
-            speed = 0.6
-        write_host(reports_dir, host, make_report(PR620, host, speed=speed,
-                                                  environment=environment_for(host, **overrides)))
-    write_host(reports_dir, UNREACHABLE_HOST, unreachable={
-        "kind": "unreachable", "stage": "verify", "recipe": PR620,
-        "reason": "Failed to connect to the host via ssh: connect to host 10.0.0.20 port 22: No route to host"})
-    # A report from the first layout, with the host's facts collected beside it.
-    write_host(reports_dir, SCHEMA_0_HOST, to_schema_0(make_report(PR620, SCHEMA_0_HOST)), facts=HOST_FACTS)
-    valid = make_report(PR620, TRUNCATED_HOST).model_dump_json()
-    write_host(reports_dir, TRUNCATED_HOST).joinpath("report.json").write_text(valid[: len(valid) // 3])
-    # Stray brackets after a comma past the middle: broken JSON wherever the fields happen to fall.
-    middle = valid.index(',"', len(valid) // 2) + 1
-    write_host(reports_dir, CORRUPT_HOST).joinpath("report.json").write_text(valid[:middle] + "}}]]" + valid[middle:])
-    future = json.loads(make_report(PR620, FUTURE_SCHEMA_HOST).model_dump_json())
-    future["schema_version"] = 5
-    write_host(reports_dir, FUTURE_SCHEMA_HOST, future)
-    write_host(reports_dir, DUPLICATE_HOST, make_report(
-        PR620, DUPLICATE_HOST, environment=environment_for("b70-05"), started_at=STARTED_AT - timedelta(days=2)))
-    write_host(reports_dir, EMPTY_HOST).joinpath("report.json").write_text("")
-    for host in DSPARK_HOSTS:
-        write_host(reports_dir, host, make_report(DSPARK, host, environment=environment_for(
-            host, vllm_version="0.29.0", gpu_count=1, image_digest="sha256:" + "c3" * 32, p2p_profile="single-gpu")))
-
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory) -> FleetReport:

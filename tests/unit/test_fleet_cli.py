@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-from fleet_factory import make_report, write_host
-
-
-def b70ctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from b70ctl.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=300)
+from fleet_factory import b70ctl, make_report, write_host
 
 
 def test_all_met_exits_0_and_writes_three_files(tmp_path):

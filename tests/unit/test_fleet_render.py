@@ -13,8 +13,15 @@ from urllib.parse import unquote
 from xml.etree import ElementTree
 
 import pytest
-from fleet_factory import fleet_host_kind, make_report, synthetic_fleet, write_host
-from test_fleet_aggregate import NO_P2P_HOSTS, SLOW_HOST, build_planted_fleet
+from fleet_factory import (
+    NO_P2P_HOSTS,
+    SLOW_HOST,
+    build_planted_fleet,
+    fleet_host_kind,
+    make_report,
+    synthetic_fleet,
+    write_host,
+)
 
 from b70ctl import svg
 from b70ctl.fleet import render
@@ -543,7 +550,7 @@ def test_fleet_files_that_do_not_hold_the_same_report_are_all_rewritten(tmp_path
 
 
 def test_the_fleet_command_run_twice_says_the_report_is_unchanged(tmp_path):
-    from test_fleet_cli import b70ctl
+    from fleet_factory import b70ctl
     write_host(tmp_path / "reports", "h1", make_report("cpu-tiny", "h1"))
     command = ("fleet", "report", str(tmp_path / "reports"), "--out", str(tmp_path / "out"))
     first = b70ctl(*command)

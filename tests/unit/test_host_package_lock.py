@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from debianset import machine_indexes  # the appliance's own reading of the machine's sources
 import yaml
 from debian import deb822
 
@@ -29,8 +30,6 @@ from b70ctl.lock.debcache import DEFAULT_LOCK, http_get, load_debs_lock
 from b70ctl.lock.debs import satisfies
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "appliance"))
-from debianset import machine_indexes  # noqa: E402  (the appliance's own reading of the machine's sources)
 
 SERIES = "bookworm"
 PACKAGES = ("libze1", "libigdgmm12")

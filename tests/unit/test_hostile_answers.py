@@ -307,9 +307,9 @@ SLOW_STREAM = 40  # tokens, one every 0.1 s: a throughput request lasts seconds,
 
 
 def _slow_recipe(work: Path, max_tokens: int = SLOW_STREAM) -> Path:
-    from test_engine_clock import recipe
+    from scripted_server import short_recipe
 
-    slow = recipe(requests=6)
+    slow = short_recipe(requests=6)
     slow = slow.model_copy(update={"workloads": [w.model_copy(update={"max_tokens": max_tokens})
                                                  for w in slow.workloads]})
     path = work / "recipe.json"

@@ -37,16 +37,7 @@ from hostile import (
     snapshot,
 )
 from systemd_words import systemd_split, systemd_verify_root
-from store_fixtures import (  # noqa: F401 (fixtures)
-    DRAFTER_REPO,
-    IMAGE_REFERENCE,
-    TARGET_REPO,
-    drafter_files,
-    registry,
-    sha256,
-    target_files,
-    write_recipe,
-)
+from store_fixtures import DRAFTER_REPO, IMAGE_REFERENCE, TARGET_REPO, drafter_files, sha256, target_files, write_recipe
 
 
 @pytest.fixture(autouse=True)

@@ -26,17 +26,7 @@ from b70ctl.lock.registry import parse_reference, require_digest, resolve_tag
 from b70ctl.lock.resolve import parse_series, patch_series_pin, resolve_and_write
 from b70ctl.recipes import load_recipe, recipe_path
 from local_endpoints import LocalRegistry
-from store_fixtures import (  # noqa: F401 (fixtures)
-    DRAFTER_REPO,
-    TARGET_REPO,
-    drafter_files,
-    hub,
-    hub_env,
-    registry,
-    sha256,
-    target_files,
-    write_recipe,
-)
+from store_fixtures import DRAFTER_REPO, TARGET_REPO, drafter_files, sha256, target_files, write_recipe
 
 runner = CliRunner()
 

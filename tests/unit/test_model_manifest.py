@@ -19,7 +19,7 @@ from b70ctl.lock.resolve import resolve_and_write
 from b70ctl.models.convert import PROVENANCE_FILE, convert
 from b70ctl.models.fetch import fetch
 from b70ctl.models.manifest import HOST_MANIFEST_FILE, directory_manifest
-from store_fixtures import hub, hub_env, registry, sha256, write_recipe  # noqa: F401 (fixtures)
+from store_fixtures import sha256, write_recipe
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 B70CTL = str(Path(sys.executable).with_name("b70ctl"))

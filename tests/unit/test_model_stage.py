@@ -13,7 +13,7 @@ from b70ctl.lock.model import load_recipe_and_lock
 from b70ctl.lock.resolve import resolve_and_write
 from b70ctl.models.convert import PROVENANCE_FILE
 from b70ctl.models.stage import StagedModels
-from store_fixtures import drafter_config, drafter_files, hub, hub_env, registry, write_recipe  # noqa: F401
+from store_fixtures import drafter_config, drafter_files, write_recipe
 
 B70CTL = str(Path(sys.executable).with_name("b70ctl"))
 

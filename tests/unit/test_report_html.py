@@ -9,7 +9,7 @@ from xml.etree import ElementTree
 
 import pytest
 from fleet_factory import make_report, shipped_recipe
-from test_verify import SHORT_RATE, request_for, scripted_recipe, servers  # noqa: F401 (servers: a fixture)
+from scripted_server import SHORT_RATE, request_for, scripted_recipe
 
 from b70ctl.verify import run_dir as run_dir_module
 from b70ctl.report.html import render_html
@@ -103,7 +103,7 @@ def test_strings_from_the_report_stay_text(hostile):
     assert any(title.startswith(f"{hostile} request 1: ") for plot in plots(html) for title in titles(plot))
 
 
-def test_verify_writes_report_html_beside_report_md_atomically(servers, tmp_path, monkeypatch):  # noqa: F811
+def test_verify_writes_report_html_beside_report_md_atomically(servers, tmp_path, monkeypatch):
     written: list[str] = []
     atomic = run_dir_module.write_text_atomically
 

@@ -30,7 +30,7 @@ from b70ctl.verify.pipeline import record_roofline_inputs, verify
 from b70host.roofline_inputs import collect, copy_bandwidth, target_shape
 from fleet_factory import environment_for, make_report, shipped_recipe
 from host_package import host_module
-from test_verify import SHORT_RATE, request_for, scripted_recipe, servers  # noqa: F401 (servers: a fixture)
+from scripted_server import SHORT_RATE, request_for, scripted_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "roofline"

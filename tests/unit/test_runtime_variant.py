@@ -21,7 +21,7 @@ from dockerfile_parse import DockerfileParser
 from b70ctl.errors import BadInput
 from b70ctl.image.build import COMPUTE_RUNTIME_ARG, LABEL_COMPUTE_RUNTIME, plan_build, variant_runtime
 from b70ctl.recipes import load_recipe
-from test_dockerfiles import DIGEST, resolved_lock
+from image_fixtures import DIGEST, resolved_lock
 
 REPO = Path(__file__).resolve().parents[2]
 PUBLISHED = REPO / "tests" / "fixtures" / "published"

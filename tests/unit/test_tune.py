@@ -25,12 +25,9 @@ from b70ctl.tune.score import robust_score
 from b70ctl.tune.search import plan_rounds, successive_halving
 from b70ctl.tune.serving import CandidateFailed
 from b70ctl.tune.state import STATE_FILE, TuneState
-from scripted_server import Script, ScriptedServer
+from scripted_server import ScriptedServer, steady_script
+from tune_scripts import CPU_TINY, RECIPE, SERVED_RATES
 
-CPU_TINY = load_recipe("cpu-tiny")  # draft model k 1..6 (default k=4) and four ngram candidates
-# The halving's tests: the draft model's k alone (six candidates), four workloads on the endpoint.
-RECIPE = CPU_TINY.model_copy(update={"tune": CPU_TINY.tune.model_copy(update={"ngram": None,
-                                                                               "budget_requests": 120})})
 WORKLOADS = 4
 
 
@@ -156,11 +153,6 @@ def test_a_state_file_of_another_space_is_refused_and_a_cut_last_line_is_dropped
 
 
 # -- the whole tune against scripted servers ---------------------------------------------------------------------
-def steady_script(tok_s: float) -> Script:
-    """Nine tokens, one per chunk, the engine producing one every 1/tok_s seconds: (9 - 1) * tok_s / 8 = tok_s."""
-    return Script(ttft_s=0.002, offsets_s=[index / tok_s for index in range(9)], tokens_per_chunk=[1] * 9)
-
-
 def rate_key(candidate: Candidate) -> int | str:
     """A draft-model candidate by its k, an ngram candidate by its label."""
     return candidate.label if candidate.overrides.get("method") == "ngram" else k_of(candidate)
@@ -207,9 +199,6 @@ class ScriptedServing:
             if k in self.wrong:
                 server.first_token_id = 999
             yield Endpoint(server.url, model=self.model, timeout_s=10)
-
-
-SERVED_RATES = {1: 150.0, 2: 240.0, 3: 220.0, 4: 200.0, 5: 400.0, 6: 160.0}
 
 
 def test_tune_against_scripted_servers_picks_the_fastest_correct_candidate(tmp_path):

@@ -33,7 +33,8 @@ from b70ctl.stops import Terminated, sigterm_ends_the_run
 from scripted_server import ScriptedServer
 from systemd_words import systemd_split, systemd_verify_root
 from hostile import HOSTILE_UNIT_VALUES, render_unit
-from test_tune import RECIPE, SERVED_RATES, steady_script
+from scripted_server import steady_script
+from tune_scripts import RECIPE, SERVED_RATES
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = "b70-vllm"

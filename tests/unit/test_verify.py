@@ -10,41 +10,17 @@ import pytest
 
 from b70ctl.checks.client import Endpoint
 from b70ctl.errors import BadInput, Unreachable
-from b70ctl.recipes.model import Claim, CorrectnessSettings
+from b70ctl.recipes.model import Claim
 from b70ctl.verify.pipeline import VerifyRequest, verify
-from scripted_server import Script, ScriptedServer
-from scripted_server import recipe_with, workload
+from scripted_server import SHORT_RATE, Script, ScriptedServer, request_for, scripted_recipe
 
 
-def scripted_recipe(*claims: Claim):
-    recipe = recipe_with(workload("short", "go", max_requests=3, min_requests=3),
-                         workload("natural", "tell", max_requests=2, min_requests=2))
-    return recipe.model_copy(update={
-        "correctness": CorrectnessSettings(prompts=["a", "b", "c"], max_tokens=7),
-        "claims": list(claims),
-    })
-
-
-SHORT_RATE = Claim(id="short-rate", description="short decode", metric="throughput.short.decode_tok_s.median",
-                   op=">=", value=1.0, source="test")
 IMPOSSIBLE = Claim(id="impossible", description="too fast", metric="throughput.short.decode_tok_s.median",
                    op=">=", value=1e9, source="test")
 ACCEPTANCE = Claim(id="acceptance", description="acceptance", metric="throughput.short.acceptance_rate",
                    op="between", low=0.6, high=0.65, source="test")
 UNMEASURED = Claim(id="long", description="long prompt", metric="throughput.long_prompt.decode_tok_s.median",
                    op=">=", value=1.0, source="test")
-
-
-@pytest.fixture
-def servers():
-    with ScriptedServer() as served, ScriptedServer() as baseline:
-        baseline.speculates = False  # a target-only baseline, as verify requires
-        yield served, baseline
-
-
-def request_for(recipe, served, baseline, out_dir, **overrides):
-    return VerifyRequest(recipe=recipe, out_dir=out_dir, endpoint=Endpoint(served.url, model="scripted", timeout_s=5),
-                         baseline_endpoint=Endpoint(baseline.url, model="scripted", timeout_s=5), **overrides)
 
 
 def test_full_run_writes_report_with_verdicts(servers, tmp_path):

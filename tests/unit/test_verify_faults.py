@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from scripted_server import Script, ScriptedServer
-from test_engine_clock import recipe, run
+from scripted_server import short_recipe, verify_scripted
 
 from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
 from b70ctl.errors import BadInput
@@ -40,19 +40,19 @@ def test_a_second_run_into_the_same_out_is_refused(servers, tmp_path):
     served, baseline = servers
     with RunDirectory(tmp_path):  # a run that is still writing there
         with pytest.raises(BadInput, match="another b70ctl verify is writing there"):
-            run(recipe(), served, baseline, tmp_path)
+            verify_scripted(short_recipe(), served, baseline, tmp_path)
     assert not (tmp_path / "report.json").exists()
-    run(recipe(), served, baseline, tmp_path)  # once it ended, the directory is free again
+    verify_scripted(short_recipe(), served, baseline, tmp_path)  # once it ended, the directory is free again
     assert json.loads((tmp_path / "report.json").read_text())["partial"] is False
 
 
 def test_raw_data_of_an_earlier_run_is_cleared(servers, tmp_path):
     served, baseline = servers
-    run(recipe(), served, baseline, tmp_path)  # the earlier run: raw/ carries verify's marker
+    verify_scripted(short_recipe(), served, baseline, tmp_path)  # the earlier run: raw/ carries verify's marker
     stale = tmp_path / "raw" / "throughput" / "gone" / "001.json"
     stale.parent.mkdir(parents=True)
     stale.write_text("{}")
-    run(recipe(), served, baseline, tmp_path)
+    verify_scripted(short_recipe(), served, baseline, tmp_path)
     assert not stale.exists() and (tmp_path / "raw" / "throughput" / "short" / "001.json").exists()
     assert leftovers(tmp_path) == []
 
@@ -61,7 +61,7 @@ def test_sigterm_leaves_the_report_marked_terminated(servers, tmp_path):
     served, baseline = servers
     served.scripts["go"] = SLOW
     recipe_file = tmp_path / "recipe.json"
-    recipe_file.write_text(recipe(requests=6).model_dump_json())
+    recipe_file.write_text(short_recipe(requests=6).model_dump_json())
     out = tmp_path / "out"
     process = subprocess.Popen(
         [sys.executable, "-c", "from b70ctl.cli import main; main()", "verify", "--endpoint", served.url,
@@ -105,10 +105,10 @@ def test_a_full_disk_ends_with_one_line_and_no_report_that_lies(servers, small_d
     served, baseline = servers
     # Large raw records: every request writes its chunks; a 2000-token answer fills 256 KiB within a few requests.
     served.scripts["go"] = Script(ttft_s=0.0, offsets_s=[0.0] * 2000, tokens_per_chunk=[1] * 2000)
-    big = recipe(requests=12)
+    big = short_recipe(requests=12)
     big = big.model_copy(update={"workloads": [w.model_copy(update={"max_tokens": 2000}) for w in big.workloads]})
     with pytest.raises(BadInput) as raised:
-        run(big, served, baseline, small_disk)
+        verify_scripted(big, served, baseline, small_disk)
     message = str(raised.value)
     assert "disk full" in message and "\n" not in message
     report_path = small_disk / "report.json"

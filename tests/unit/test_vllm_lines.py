@@ -12,35 +12,18 @@ greedy | gumbel; 0.34 says "VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported: M
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 import zipfile
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from b70ctl.verify.embedded import default_cache_dir
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe
 from b70ctl.recipes.vllm_lines import line_refusal, load_lines, release_line
+from vllm_wheels import wheel
 
 V1_REMOVED = "Model Runner V1 has been removed"
-
-
-def wheel(requirement: str) -> Path:
-    """The wheel of REQUIREMENT (name==version), downloaded once into the user's cache."""
-    name, version = requirement.split("==")
-    cache = default_cache_dir() / "vllm-wheels"
-    cache.mkdir(parents=True, exist_ok=True)
-    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
-    if not list(cache.glob(pattern)):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(cache),
-                        requirement], check=True, timeout=900)
-    found = sorted(cache.glob(pattern))
-    assert found, f"pip downloaded no wheel named {pattern}"
-    return found[0]
 
 
 def literal_values(source: str, alias: str) -> list[str]:

@@ -21,7 +21,7 @@ from b70ctl.report.model import HOST_FACT_FIELDS, Environment
 from b70host.facts import collect_facts
 from b70host.topology import TOPOLOGY_PATH, topology
 from host_package import host_module
-from store_fixtures import hub_env, hub, registry, write_recipe  # noqa: F401 (fixtures)
+from store_fixtures import write_recipe
 from sysfs_trees import build_tree
 
 runner = CliRunner()
