@@ -140,11 +140,11 @@ DSPARK_DRAFTER = "dspark-drafter"
 
 
 def dspark_drafter(target_dir: Path, out: Path) -> None:
-    """tests/unit/dspark_port.py's tiny DSpark drafter for TARGET_DIR, written as SpecForge ships one: config.json
+    """tests/support/dspark_port.py's tiny DSpark drafter for TARGET_DIR, written as SpecForge ships one: config.json
     with its DSpark settings under dflash_config, model.safetensors, and the target's tokenizer files."""
     if (out / "model.safetensors").is_file():
         return
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "unit"))
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
     from dspark_port import tiny_dspark_config, tiny_dspark_state_dict
     from safetensors.torch import save_file
 

@@ -387,7 +387,7 @@ def test_the_vllm_runtime_loads_in_a_worker_that_imported_ansible_first():
                "ensure_vllm_runtime()\n"
                "from vllm.distributed import parallel_state\n"
                "assert parallel_state.model_parallel_is_initialized() and sys.intern is patched\n")
-    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(Path(__file__).parents[1] / "support"), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": path})
     assert done.returncode == 0, done.stderr[-2000:]
