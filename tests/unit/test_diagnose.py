@@ -18,7 +18,7 @@ import yaml
 from typer.testing import CliRunner
 
 from b70ctl.cli import app
-from b70ctl.diagnose import diagnose_lines, load_catalogue, load_catalogue_file
+from b70ctl.diagnose import LogLine, diagnose_lines, load_catalogue, load_catalogue_file
 from b70ctl.diagnose.catalogue import catalogue_files, catalogue_path
 from b70ctl.diagnose.collect import collect_unit, kernel_log_argv, log_window, read_log, ssh_settings, unit_log_argv
 from b70ctl.errors import BadInput
@@ -59,6 +59,9 @@ EXPECTED: dict[str, set[str]] = {
     # The compiler's error names a runtime code too: two layers, each with its first step.
     "quoted/inductor-ze-invalid-kernel-name.log": {"layer-torch-compile-error", "layer-level-zero-error"},
     "quoted/safetensors-header.log": {"layer-model-loader-error"},
+    "quoted/vllm-unrecognized-option.log": {"vllm-unrecognized-option"},
+    "quoted/torch-extension-undefined-symbol.log": {"torch-extension-abi-mismatch"},
+    "quoted/oneccl-ze-data-not-initialized.log": {"oneccl-level-zero-not-loaded"},
 }
 REAL_EXPECTED_PATH = FIXTURES / "real" / "expected.json"
 
@@ -216,7 +219,10 @@ def _entry(data: dict, id: str) -> dict:
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d["signatures"][0]["patterns"][0].update(regex="(unclosed"), "not a regular expression"),
     (lambda d: d["signatures"].append(d["signatures"][0]), "duplicate signature id"),
-    (lambda d: d["signatures"][-1]["fix"].update(kind="env"), "harmless entry's fix kind must be none"),
+    (lambda d: _entry(d, "ccl-narrow-affinity-warning")["fix"].update(kind="env"),
+     "harmless entry's fix kind must be none"),
+    (lambda d: _entry(d, "vllm-unrecognized-option")["fix"].update(text="Remove ${option}."),
+     "the fix names \\$\\{option\\}, which pattern"),
     (lambda d: d["signatures"][0]["patterns"][0].update(kinds=["dmesg"]), "signatures.0.patterns.0.kinds.0"),
     (lambda d: d["signatures"][0].pop("sources"), "signatures.0.sources"),
     (lambda d: d["signatures"][0].update(unless=["no-such-entry"]), "unless names unknown signature no-such-entry"),
@@ -679,3 +685,14 @@ def test_a_sycl_soname_major_is_not_read_as_an_unsourced_environment(tmp_path: P
     log.write_text("Cannot open plugin library: libccl.so.1: cannot open shared object file\n")
     found = diagnose_lines(load_catalogue(), read_log(str(log)), ["log"]).failures
     assert [m.id for m in found] == ["oneapi-environment-not-sourced"]
+
+
+def test_a_fix_names_what_the_line_caught() -> None:
+    """${name} in a fix is what the pattern's named group caught in the first matching line: the option this vLLM
+    refused is the one the fix says to remove, whatever option it is."""
+    [match] = diagnose_file("quoted/vllm-unrecognized-option.log").failures
+    assert "Remove --async-engine from the server's command line" in match.fix.text
+    lines = [LogLine(log="serve.log", kind="serve", number=1,
+                     text="vllm serve: error: unrecognized arguments: --swap-space 0 --device cpu")]
+    [other] = diagnose_lines(load_catalogue(), lines, ["serve.log"]).failures
+    assert "Remove --swap-space 0 --device cpu from" in other.fix.text and "${" not in other.fix.text

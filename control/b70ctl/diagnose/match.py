@@ -18,8 +18,8 @@ from typing import Any
 
 from b70ctl.diagnose import context
 from b70ctl.diagnose.codes import codes_in
-from b70ctl.diagnose.model import (Catalogue, Contradiction, Diagnosis, LogContext, LogKind, LogLine, Match, Pattern,
-                                   Signature, UnknownFailure)
+from b70ctl.diagnose.model import (LINE_PLACEHOLDER, Catalogue, Contradiction, Diagnosis, LogContext, LogKind,
+                                   LogLine, Match, Pattern, Signature, UnknownFailure)
 
 # The running Python's own regex parser and its opcodes (private modules without type stubs): read, never changed.
 sre_parser: Any = import_module("re._parser")
@@ -267,6 +267,8 @@ class _Watch:
         # The first cause (most likely first) whose own evidence is in the log; none when no cause's is.
         picked = next((index for index, line in enumerate(self.cause_lines) if line is not None), None)
         fix = signature.causes[picked].fix if picked is not None else signature.fix
+        if picked is None and LINE_PLACEHOLDER.search(fix.text):
+            fix = fix.model_copy(update={"text": self._filled(fix.text)})
         return Match(id=signature.id, title=signature.title, severity=signature.severity, meaning=signature.meaning,
                      fix=fix, causes=signature.causes, picked_cause=picked,
                      cause_evidence=[line for line in self.cause_lines[picked:picked + 1] if line is not None]
@@ -275,6 +277,18 @@ class _Watch:
                      generic=signature.generic or (signature.generic_unless_picked and picked is None),
                      sources=signature.sources,
                      applies_to=signature.applies_to, evidence=self.evidence, evidence_count=self.count)
+
+
+    def _filled(self, text: str) -> str:
+        """TEXT with each ${name} replaced by what the pattern that matched the first evidence line caught."""
+        line = self.evidence[0]
+        caught: dict[str, str] = {}
+        for pattern in self.signature.patterns:
+            found = re.search(pattern.regex, line.text[:MAX_LINE_CHARS])
+            if found is not None and line.kind in pattern.kinds:
+                caught = {name: value.strip() for name, value in found.groupdict().items() if value}
+                break
+        return LINE_PLACEHOLDER.sub(lambda named: caught.get(named.group(1), "(see the line)"), text)
 
 
 class _Reader:

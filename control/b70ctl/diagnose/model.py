@@ -55,9 +55,15 @@ class Pattern(_Model):
         return value
 
 
+# ${name} in a fix's text: what the named group `name` of the signature's pattern caught in the first line it matched
+# (the option a vLLM refused, the library that did not load), so the fix names the log's own thing.
+LINE_PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
+
+
 class Fix(_Model):
     kind: FixKind
-    text: str = Field(min_length=1, description="What to do, in one or two sentences")
+    text: str = Field(min_length=1, description="What to do, in one or two sentences; ${name}: the named group "
+                                                "`name` of the pattern that matched the first line")
     command: str | None = Field(None, description="A command that applies or checks the fix")
     env: dict[str, str] = Field(default_factory=dict, description="Variables to set in the serve environment")
     profile: Literal["p2p", "no-p2p"] | None = Field(None, description="The oneCCL profile to force")
@@ -172,6 +178,15 @@ class Signature(_Model):
             raise ValueError(f"{self.id}: a generic entry names its layer")
         if self.generic_unless_picked and not any(cause.evidence for cause in self.causes):
             raise ValueError(f"{self.id}: generic_unless_picked needs a cause with its own evidence")
+        named = set(LINE_PLACEHOLDER.findall(self.fix.text))
+        if named:  # every pattern must catch them: any of them may be the one that matched first
+            for pattern in self.patterns:
+                missing = named - set(re.compile(pattern.regex).groupindex)
+                if missing:
+                    raise ValueError(f"{self.id}: the fix names ${{{sorted(missing)[0]}}}, which pattern "
+                                     f"{pattern.regex!r} does not catch (give it a named group)")
+            if self.codes:
+                raise ValueError(f"{self.id}: a fix naming what a line caught cannot be matched by result codes")
         return self
 
 
