@@ -27,6 +27,7 @@ from store_fixtures import write_recipe
 from b70ctl.lock.model import load_recipe_and_lock
 from b70ctl.lock.resolve import resolve_and_write
 from b70ctl.checks.client import Endpoint, VllmClient
+from b70ctl.models.record import ModelsRecord
 from b70ctl.recipes import load_recipe
 from b70ctl.tune.cli import _appliance_host
 from b70ctl.tune.run import candidates_of
@@ -301,6 +302,8 @@ def test_race_on_the_test_host_through_playbooks_tune_yml(provisioned, tmp_path)
     host = appliance.host(1)
     remote = on(host.name)
     installed_text = remote.file("/etc/systemd/system/b70-vllm.service").content_string
+    records = {name: remote.file(f"/etc/b70/{name}").content_string for name in ("image.json", "models.json")}
+    race_started = remote.check_output("date +%s")
     recipes = [race_recipe_file(name, tmp_path) for name in ("cpu-tiny", "cpu-tiny-ngram", "cpu-tiny-target-only")]
     tune_dir, host_vars = tmp_path / "tune", tmp_path / "host_vars" / host.name
     inventory = appliance.inventory("tune-race", [host], group_vars={
@@ -338,6 +341,22 @@ def test_race_on_the_test_host_through_playbooks_tune_yml(provisioned, tmp_path)
     assert report["roofline"]["bandwidth_bytes_per_s"]["source"].startswith("measured on the serving machine")
     for candidate in candidates:
         assert candidate["bound_tok_s"] > candidate["halving"]["median_tok_s"] > 0, candidate
+    # Each raced recipe ran what the play installed for it beside the host recipe's (race_install.yml): its image
+    # and models records under /etc/b70/race/<recipe>/, its weights in its own store directory, its target read for
+    # its roofline; docker started its candidates' containers with that store's label. The host's records stay.
+    started_labels = remote.check_output(
+        f"docker events --since {race_started} --until $(date +%s) --filter event=start "
+        "--format '{{index .Actor.Attributes \"org.b70.models\"}}'").split()
+    for name in ("cpu-tiny-ngram", "cpu-tiny-target-only"):
+        image = json.loads(remote.file(f"/etc/b70/race/{name}/image.json").content_string)
+        assert image["recipe"] == name and image["id"].startswith("sha256:"), image
+        stored = ModelsRecord.model_validate_json(remote.file(f"/etc/b70/race/{name}/models.json").content_string)
+        assert stored.target.path == f"/var/lib/b70/models/{name}/target"
+        assert remote.file(f"{stored.target.path}/config.json").exists
+        inputs = json.loads(remote.file(f"/etc/b70/race/{name}/roofline_inputs.json").content_string)
+        assert inputs["target_shape"]["directory"] == stored.target.path, inputs
+        assert stored.label() in started_labels, (name, started_labels)
+    assert {name: remote.file(f"/etc/b70/{name}").content_string for name in records} == records
     # Each candidate's row beside the others in the report.
     table = (tune_dir / "tune.md").read_text()
     assert all(candidate["label"] in table for candidate in candidates), table

@@ -531,10 +531,11 @@ def test_a_race_is_refused_before_anything_starts_when_it_cannot_be_run(tmp_path
         race_plan([NGRAM_RECIPE, TARGET_ONLY])
 
 
-def test_a_race_over_the_appliance_unit_refuses_a_recipe_the_serving_stage_did_not_install():
-    """On a host the unit serves the host recipe's image and models: a raced recipe needing others is refused
-    before the host is touched (no command run)."""
-    from b70ctl.tune.unit import ApplianceHost, SystemdUnitServing
+def test_a_race_over_the_appliance_unit_refuses_a_recipe_whose_image_and_models_were_not_installed():
+    """On a host without a raced recipe's own image and models (playbooks/tune.yml installs them), only a recipe
+    sharing the host recipe's runs; another is refused before the host is changed (only a look for its race
+    directory)."""
+    from b70ctl.tune.unit import ApplianceHost, HostCommandFailed, SystemdUnitServing
 
     class NoShell:
         def run(self, argv, stdin=None):
@@ -542,11 +543,17 @@ def test_a_race_over_the_appliance_unit_refuses_a_recipe_the_serving_stage_did_n
 
     host = ApplianceHost.model_validate({"name": "b70-a", "unit": "b70-vllm", "port": 8000,
                                          "config_dir": "/etc/b70/vllm", "etc_dir": "/etc/b70"})
-    unit = SystemdUnitServing(load_recipe("pr620-fp8-tp2"), host, NoShell())
-    with pytest.raises(BadInput, match="--recipe mtp8-fp8-tp2 needs image .* which the serving stage did not "
-                                       "install on b70-a"):
+    class NoRaceDirectory(NoShell):
+        def run(self, argv, stdin=None):
+            if argv[:2] == ["ls", "-1"]:  # the only command: is there a race directory (there is none)
+                raise HostCommandFailed(argv, "No such file or directory")
+            return super().run(argv, stdin)
+
+    unit = SystemdUnitServing(load_recipe("pr620-fp8-tp2"), host, NoRaceDirectory())
+    with pytest.raises(BadInput, match="--recipe mtp8-fp8-tp2 needs image .*, and b70-a holds no "
+                                       "/etc/b70/race/mtp8-fp8-tp2/: race it with playbooks/tune.yml"):
         unit.serving_of(load_recipe("mtp8-fp8-tp2"))
-    cpu = SystemdUnitServing(CPU_TINY, host, NoShell())
+    cpu = SystemdUnitServing(CPU_TINY, host, NoRaceDirectory())
     assert cpu.serving_of(CPU_TINY) is cpu
     assert cpu.serving_of(NGRAM_RECIPE).recipe is NGRAM_RECIPE
 
@@ -650,3 +657,28 @@ def test_a_race_report_puts_each_candidate_beside_its_roofline(tmp_path):
     bare = run_race(entrants, tmp_path / "bare")
     assert all(c.bound_tok_s is None for c in bare.candidates)
     assert "b70ctl tune --roofline-inputs" in bare.roofline.not_measured
+
+
+def test_a_raced_recipe_with_its_own_target_is_bound_by_that_targets_weights(tmp_path):
+    """A raced recipe serving another target is bound by the host's bandwidth over its own target's weights (read
+    on the host beside its models); without them its bound is not measured, and the report says why."""
+    from b70ctl.report.model import RooflineInputs
+    from b70ctl.tune.run import race_roofline
+
+    shape = {"directory": "/models/target", "weight_files": 1, "embedding_bytes": 500_000, "num_hidden_layers": 2,
+             "num_key_value_heads": 2, "head_dim": 32, "full_attention_layers": 2}
+    host = RooflineInputs.model_validate({
+        "memory_bandwidth": {"bytes_per_s": 20e9, "method": "a copy", "buffer_bytes": 2**27, "repeats": 5},
+        "target_shape": shape | {"weight_bytes": 2_000_000}})
+    other = TARGET_ONLY.model_copy(update={"name": "cpu-tiny-bigger", "target": TARGET_ONLY.target.model_copy(
+        update={"revision": "f" * 40})})
+    own = RooflineInputs.model_validate({"target_shape": shape | {"weight_bytes": 4_500_000},
+                                         "memory_bandwidth_unavailable": "not measured beside the raced models"})
+    roofline, per_recipe = race_roofline([RACE_HOST, other], host, {"cpu-tiny-bigger": own})
+    assert per_recipe["cpu-tiny"][1].value == 1_500_000 and per_recipe["cpu-tiny-bigger"][1].value == 4_000_000
+    assert per_recipe["cpu-tiny-bigger"][0].value == 20e9  # the host's bandwidth, whatever the raced inputs say
+    assert roofline.weight_bytes.value == 1_500_000 and roofline.not_measured is None
+    _, unread = race_roofline([RACE_HOST, other], host)
+    assert unread["cpu-tiny-bigger"][1].value is None
+    assert "cpu-tiny-bigger's target was not read on the host" in unread["cpu-tiny-bigger"][1].source
+

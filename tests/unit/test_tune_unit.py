@@ -173,7 +173,7 @@ class EmulatedHost:
             return self.systemctl(argv[1:])
         if argv[0] == "journalctl":
             return "INFO starting\nRuntimeError: Engine core initialization failed\n"
-        assert argv[0] in ("cat", "rm", "mkdir", "sh"), argv
+        assert argv[0] in ("cat", "rm", "mkdir", "sh", "ls"), argv
         under_root = [argv[0], *(str(self.path(part)) if part.startswith("/") else part for part in argv[1:])]
         return LocalShell(become=False).run(under_root, stdin)
 
@@ -287,6 +287,74 @@ def test_a_unit_that_does_not_come_back_is_said_and_fails_the_run(host_factory, 
     assert any("run playbooks/serve.yml on this host" in message for message in messages)
 
 
+def install_raced(emulated: EmulatedHost, recipe_name: str, image_recipe: str | None = None) -> None:
+    """What playbooks/tune.yml leaves for a raced recipe: the image and model stages' documents under
+    /etc/b70/race/<recipe>/ (b70ctl image record, b70ctl model record) and the roofline inputs read beside them."""
+    from b70ctl.image.documents import ProvidedImage
+    from b70ctl.models.record import ModelsRecord
+
+    directory = emulated.path(f"/etc/b70/race/{recipe_name}")
+    directory.mkdir(parents=True)
+    provided = ProvidedImage(recipe=image_recipe or recipe_name, source="build", reference="b70/vllm-cpu:raced",
+                             vllm_version="0.21.0", id="sha256:raced")
+    (directory / "image.json").write_text(provided.installed("sha256:raced").model_dump_json())
+    models = ModelsRecord.model_validate({"target": {"path": f"/var/lib/b70/models/{recipe_name}/target",
+                                                    "revision": "c" * 40}})
+    (directory / "models.json").write_text(models.model_dump_json())
+    (directory / "roofline_inputs.json").write_text(json.dumps({
+        "target_shape": {"directory": f"/var/lib/b70/models/{recipe_name}/target", "weight_files": 1,
+                         "weight_bytes": 3_000_000, "num_hidden_layers": 2, "num_key_value_heads": 2,
+                         "head_dim": 32, "full_attention_layers": 2},
+        "memory_bandwidth_unavailable": "not measured beside the raced models"}))
+
+
+def test_a_raced_recipe_runs_the_image_and_models_tune_yml_installed_for_it(host_factory, tmp_path):
+    """A raced recipe on another image is served through the same unit with the image and model store the race
+    installed for it (its ExecStart: the unit's, with that image and that store mounted), is bound by its own
+    target's weights, and the unit is put back as the serving stage installed it."""
+    from b70ctl.report.model import RooflineInputs
+    from b70ctl.tune.run import Entrant, run_race
+    from b70ctl.tune.unit import RacedRecipe
+
+    plain = load_recipe("cpu-tiny-target-only")
+    other = plain.model_copy(update={"name": "cpu-tiny-elsewhere",
+                                     "image": plain.image.model_copy(update={"tag": "elsewhere"})})
+    emulated, appliance = host_factory()
+    unit = SystemdUnitServing(RECIPE, appliance, emulated, poll_s=0.05)
+    with pytest.raises(BadInput, match="needs image .*, and tiny-1 holds no /etc/b70/race/cpu-tiny-elsewhere/"):
+        unit.serving_of(other)
+    install_raced(emulated, "cpu-tiny-other-recipe")
+    emulated.path("/etc/b70/race/cpu-tiny-other-recipe").rename(emulated.path("/etc/b70/race/cpu-tiny-elsewhere"))
+    with pytest.raises(BadInput, match="image.json is recipe cpu-tiny-other-recipe's image, not cpu-tiny-elsewhere's"):
+        unit.serving_of(other)
+    for stale in emulated.path("/etc/b70/race/cpu-tiny-elsewhere").iterdir():
+        stale.unlink()
+    emulated.path("/etc/b70/race/cpu-tiny-elsewhere").rmdir()
+    install_raced(emulated, "cpu-tiny-elsewhere")
+    raced = unit.serving_of(other)
+    assert isinstance(raced, RacedRecipe) and raced.roofline_inputs.target_shape.weight_bytes == 3_000_000
+    host_inputs = RooflineInputs.model_validate({
+        "memory_bandwidth": {"bytes_per_s": 20e9, "method": "a copy", "buffer_bytes": 2**27, "repeats": 5},
+        "target_shape": {"directory": "/models/tiny-target", "weight_files": 1, "weight_bytes": 2_000_000,
+                         "num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 32,
+                         "full_attention_layers": 2}})
+    entrants = [Entrant(RECIPE, unit), Entrant(other, raced, raced.roofline_inputs)]
+    with unit:
+        report = run_race(entrants, tmp_path / "race", budget_requests=60, roofline_inputs=host_inputs)
+    elsewhere = [argv for argv in emulated.served if "sha256:raced" in argv]
+    assert elsewhere, "the raced recipe was never served"
+    for argv in elsewhere:
+        assert "/var/lib/b70/models/cpu-tiny-elsewhere:/models:ro" in argv and "sha256:image" not in argv
+        assert argv[argv.index("sha256:raced") + 1:][:2] == ["--model", "/models/target"]  # its store's target
+        assert argv[:6] == emulated.original_exec[:6]  # the unit's container name, environment file option
+    for argv in emulated.served:
+        if "sha256:raced" not in argv:
+            assert "/var/lib/b70/models:/models:ro" in argv
+    result = next(c for c in report.candidates if c.recipe == "cpu-tiny-elsewhere")
+    assert result.bound_tok_s == pytest.approx(20e9 / 3_000_000)  # the host's bandwidth over its own weights
+    assert_restored(emulated)
+
+
 def test_a_host_the_serving_stage_has_not_prepared_is_refused(host_factory):
     emulated, appliance = host_factory()
     emulated.path(f"{CONFIG_DIR}/{UNIT}.container.json").unlink()
@@ -357,7 +425,7 @@ def test_the_roles_tune_tasks_hand_b70ctl_each_hosts_connection_through_ansible(
     """roles/vllm_serve/tasks/tune.yml run by ansible-playbook over an inventory, b70ctl stood in for by a script
     that keeps its stdin: what Ansible's own templating makes of hostvars (a port written as a string, a host with
     no settings, a local connection) is the --host document ApplianceHost reads. No host is contacted: every task
-    that runs a command is delegated to the controller."""
+    that runs a command is delegated to the controller (the raced recipes' install, which is not, is left off)."""
     import os
     import sys
 
@@ -382,6 +450,8 @@ def test_the_roles_tune_tasks_hand_b70ctl_each_hosts_connection_through_ansible(
                  "vllm_serve_tune_host_vars_dir": str(tmp_path / "host_vars") + "/{{ inventory_hostname }}",
                  "vllm_serve_tune_roofline_inputs": str(tmp_path / "reports") + "/{{ inventory_hostname }}/"
                                                     "roofline_inputs.json",
+                 # The raced recipes' install contacts the host (tests/appliance/test_workload.py runs it).
+                 "vllm_serve_tune_install_raced": False,
                  "vllm_serve_tune_budget_requests": 0, "vllm_serve_tune_throttle": 0, "vllm_serve_unit": UNIT,
                  "vllm_serve_port": 8000, "vllm_serve_config_dir": CONFIG_DIR, "vllm_serve_baseline": False,
                  "vllm_serve_baseline_unit": BASELINE_UNIT, "vllm_serve_api_key": "",

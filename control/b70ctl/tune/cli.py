@@ -93,12 +93,16 @@ def tune_command(
         # put back as it was), the measurements stay.
         with sigterm_ends_the_run():
             if appliance is not None:
-                from b70ctl.tune.unit import SystemdUnitServing, host_shell
+                from b70ctl.tune.unit import RacedRecipe, SystemdUnitServing, host_shell
 
                 if start_timeout is not None:
                     appliance = appliance.model_copy(update={"health_timeout_s": start_timeout})
                 unit = SystemdUnitServing(loaded, appliance, host_shell(appliance), progress=progress)
-                entrants = [Entrant(one, unit.serving_of(one)) for one in raced]  # refused before the host is touched
+                entrants = []
+                for one in raced:  # a recipe the host cannot serve is refused before the host is touched
+                    servers = unit.serving_of(one)
+                    own = servers.roofline_inputs if isinstance(servers, RacedRecipe) else None
+                    entrants.append(Entrant(one, servers, own))
                 with unit:
                     report = run_race(entrants, out, progress=progress, profile=unit.profile,
                                       budget_requests=budget_requests, roofline_inputs=measured_inputs)

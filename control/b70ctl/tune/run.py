@@ -144,6 +144,9 @@ class Entrant:
 
     recipe: Recipe
     servers: CandidateServers
+    # The roofline inputs read on the host for this recipe's own target, where it differs from the host recipe's
+    # (playbooks/tune.yml reads them beside the raced recipe's models); None: the host recipe's inputs hold.
+    roofline_inputs: RooflineInputs | None = None
 
 
 def same_baseline(one: Recipe, other: Recipe) -> bool:
@@ -408,8 +411,9 @@ def run_race(entrants: list[Entrant], out_dir: Path, progress: Progress | None =
         final = FinalComparison(default_key=default.key, winner_key=halving.winner.key,
                                 default=figures(default_final.decode_tok_s) if default_final else None,
                                 winner=figures(winner_final.decode_tok_s))
+    own = {entrant.recipe.name: entrant.roofline_inputs for entrant in entrants if entrant.roofline_inputs}
     return build_report(recipes, profile, candidates, default, plan, halving.rounds, final, state, budget,
-                        started_at, roofline_inputs)
+                        started_at, roofline_inputs, own)
 
 
 def published_records(recipes: list[Recipe]) -> list[PublishedRecord]:
@@ -430,26 +434,42 @@ def acceptance_length(recipe: Recipe, measurements: list[Measurement]) -> float 
     return sum(lengths) / len(lengths) if lengths else None
 
 
-def race_roofline(recipes: list[Recipe], inputs: RooflineInputs | None
+def race_roofline(recipes: list[Recipe], inputs: RooflineInputs | None,
+                  own: dict[str, RooflineInputs] | None = None
                   ) -> tuple[RaceRoofline, dict[str, tuple[RooflineInput, RooflineInput]]]:
-    """The roofline's inputs on this host (the same target for every raced recipe: serving_of refuses others),
-    and per recipe its bandwidth and weights per memory domain."""
-    environment = Environment()
+    """The roofline's inputs on this host, and per recipe its bandwidth and weights per memory domain: the host's
+    memory bandwidth for every recipe, and each recipe's target shape from the inputs read for its own target
+    (OWN, by recipe name), else from the host recipe's when it serves the same target, else not measured."""
+    own = own or {}
+    host = Environment()
     if inputs is None:
-        environment.target_shape_unavailable = ("the serving host's roofline inputs were not given (b70ctl tune "
-                                                "--roofline-inputs: the JSON b70host/roofline_inputs.py printed there)")
-        environment.memory_bandwidth_unavailable = environment.target_shape_unavailable
+        host.target_shape_unavailable = ("the serving host's roofline inputs were not given (b70ctl tune "
+                                         "--roofline-inputs: the JSON b70host/roofline_inputs.py printed there)")
+        host.memory_bandwidth_unavailable = host.target_shape_unavailable
     else:
-        environment = Environment(target_shape=inputs.target_shape,
-                                  target_shape_unavailable=inputs.target_shape_unavailable,
-                                  memory_bandwidth=inputs.memory_bandwidth,
-                                  memory_bandwidth_unavailable=inputs.memory_bandwidth_unavailable)
-    per_recipe = {recipe.name: (bandwidth_input(recipe, environment),
-                                weight_input(environment, memory_domains(recipe))) for recipe in recipes}
+        host = Environment(target_shape=inputs.target_shape, target_shape_unavailable=inputs.target_shape_unavailable,
+                           memory_bandwidth=inputs.memory_bandwidth,
+                           memory_bandwidth_unavailable=inputs.memory_bandwidth_unavailable)
+
+    def environment(recipe: Recipe) -> Environment:
+        if recipe.name in own:
+            read = own[recipe.name]
+            return host.model_copy(update={"target_shape": read.target_shape,
+                                           "target_shape_unavailable": read.target_shape_unavailable})
+        if recipe.target == recipes[0].target:
+            return host
+        return host.model_copy(update={"target_shape": None, "target_shape_unavailable": (
+            f"{recipe.name}'s target was not read on the host (playbooks/tune.yml reads it beside the raced "
+            "recipe's models)")})
+
+    per_recipe = {}
+    for recipe in recipes:
+        seen = environment(recipe)
+        per_recipe[recipe.name] = (bandwidth_input(recipe, seen), weight_input(seen, memory_domains(recipe)))
     host_bandwidth, _ = per_recipe[recipes[0].name]
     missing = [one.source for bandwidth, weights in per_recipe.values() for one in (bandwidth, weights)
                if one.value is None]
-    roofline = RaceRoofline(bandwidth_bytes_per_s=host_bandwidth, weight_bytes=weight_input(environment, 1),
+    roofline = RaceRoofline(bandwidth_bytes_per_s=host_bandwidth, weight_bytes=weight_input(host, 1),
                             not_measured="; ".join(dict.fromkeys(reason.removeprefix("not measured: ")
                                                                  for reason in missing)) or None)
     return roofline, per_recipe
@@ -457,11 +477,12 @@ def race_roofline(recipes: list[Recipe], inputs: RooflineInputs | None
 
 def build_report(recipes: list[Recipe], profile: str | None, candidates: list[Candidate], default: Candidate,
                  plan: list[PlannedRound], rounds: list[Round], final: FinalComparison | None, state: TuneState,
-                 budget: int, started_at: datetime, roofline_inputs: RooflineInputs | None = None) -> TuneReport:
+                 budget: int, started_at: datetime, roofline_inputs: RooflineInputs | None = None,
+                 own_roofline_inputs: dict[str, RooflineInputs] | None = None) -> TuneReport:
     recipe = recipes[0]
     racing = len(recipes) > 1
     by_name = {one.name: one for one in recipes}
-    roofline, per_recipe = race_roofline(recipes, roofline_inputs)
+    roofline, per_recipe = race_roofline(recipes, roofline_inputs, own_roofline_inputs)
     results = []
     for candidate in candidates:
         measurements = [m for m in state.of(candidate.key) if m.stage.startswith("round-")]

@@ -10,6 +10,10 @@ the unit is restarted as it was and health-gated again; the baseline unit stoppe
 A tune killed without a chance to clean up (SIGKILL, power) leaves a drop-in under /run, which a reboot drops
 and the next tune removes first.
 
+A race serves other recipes through the same unit. One whose image or models differ from the host recipe's runs the
+image and the model store playbooks/tune.yml installed for it beside the host recipe's, as the image and model
+stages record them under <etc_dir>/race/<recipe>/ (RacedInstall); the unit's own image and store stay as they are.
+
 The host's commands go through a HostShell: over SSH from the controller (SshShell, the same account and key as
 Ansible's connection), where b70ctl and the reports live, as for verify.
 """
@@ -36,14 +40,21 @@ from b70ctl.checks.client import Endpoint
 from b70ctl.documents import Document
 from b70ctl.errors import BadInput, HostFailed, Unreachable, first_problem
 from b70ctl.host_documents import TopologyDocument
+from b70ctl.image.documents import InstalledImage
+from b70ctl.models.record import ModelsRecord
 from b70ctl.recipes.model import Recipe
-from b70ctl.serve.render import ServeCommand, ServeContext, render_container
-from b70ctl.serve.unit import ServingContainer, env_file_text, exec_start_line
+from b70ctl.report.model import RooflineInputs
+from b70ctl.serve.render import ServeCommand, render_container
+from b70ctl.serve.unit import CONTAINER_MODELS_DIR, ServingContainer, env_file_text, exec_start_line
 from b70ctl.tune.model import Candidate
 from b70ctl.tune.serving import CandidateFailed, CandidateServers, candidate_command, server_name
 
 DROP_IN_NAME = "b70-tune.conf"
 CONTAINER_DOCUMENT_SUFFIX = ".container.json"
+# <etc_dir>/race/<recipe>/: a raced recipe's image.json, models.json and roofline_inputs.json, which
+# playbooks/tune.yml writes with the image and model stages' own roles (roles/vllm_serve/tasks/race_install.yml).
+RACE_DIR = "race"
+RACE_DOCUMENTS = ("image.json", "models.json", "roofline_inputs.json")
 
 
 class HostCommandFailed(HostFailed):
@@ -369,14 +380,14 @@ class SystemdUnitServing:
         """The host's oneCCL profile (from topology.json): the tune space's thresholds are this profile's."""
         return self.topology.profile if self.topology is not None else None
 
-    def _context(self, speculative: bool) -> ServeContext:
+    def _own_container(self) -> ServingContainer:
         assert self.container is not None, "use SystemdUnitServing as a context manager"
-        return self.container.context(speculative)
+        return self.container
 
-    def _serve(self, label: str, command: ServeCommand, recipe: Recipe | None = None) -> Iterator[Endpoint]:
-        assert self.container is not None
-        served_name = (recipe or self.recipe).serve.served_model_name
-        exec_argv = self.container.exec_start(command, env_file=self.env_file)
+    def _serve(self, label: str, command: ServeCommand, recipe: Recipe, container: ServingContainer
+               ) -> Iterator[Endpoint]:
+        served_name = recipe.serve.served_model_name
+        exec_argv = container.exec_start(command, env_file=self.env_file)
         # 0644 like the role's: the docker CLI reads it as the unit's User= (the API key has a file of its own).
         self._write(self.env_file, env_file_text(command.env, "b70ctl tune: the candidate's environment"), "0644")
         self.shell.run(["mkdir", "-p", self.drop_in_dir])
@@ -407,33 +418,37 @@ class SystemdUnitServing:
 
     @contextmanager
     def baseline(self) -> Iterator[Endpoint]:
-        yield from self._baseline(self.recipe)
+        yield from self._baseline(self.recipe, self._own_container())
 
     @contextmanager
     def candidate(self, candidate: Candidate) -> Iterator[Endpoint]:
-        yield from self._candidate(self.recipe, candidate)
+        yield from self._candidate(self.recipe, candidate, self._own_container())
 
-    def _baseline(self, recipe: Recipe) -> Iterator[Endpoint]:
-        command = render_container(recipe, self._context(speculative=False), self.topology)
+    def _baseline(self, recipe: Recipe, container: ServingContainer) -> Iterator[Endpoint]:
+        command = render_container(recipe, container.context(speculative=False), self.topology)
         try:
             yield from self._serve("the target-only baseline" + ("" if recipe is self.recipe else
-                                                                 f" of {recipe.name}"), command, recipe)
+                                                                 f" of {recipe.name}"), command, recipe, container)
         except CandidateFailed as failed:
             raise BadInput(f"{self.host.name}: the target-only baseline did not start: {failed.reason}") from None
 
-    def _candidate(self, recipe: Recipe, candidate: Candidate) -> Iterator[Endpoint]:
+    def _candidate(self, recipe: Recipe, candidate: Candidate, container: ServingContainer) -> Iterator[Endpoint]:
         try:
-            command = candidate_command(recipe, candidate, self._context(speculative=True), self.topology)
+            command = candidate_command(recipe, candidate, container.context(speculative=True), self.topology)
         except ValueError as error:
             raise CandidateFailed(f"not renderable: {error}") from error
-        yield from self._serve(server_name(candidate), command, recipe)
+        yield from self._serve(server_name(candidate), command, recipe, container)
 
     def serving_of(self, recipe: Recipe) -> CandidateServers:
-        """Another raced recipe served through the same unit, container and model store. The serving stage
-        installed the host recipe's image and models only, so a recipe needing another image or other weights is
-        refused here, before anything is stopped or started."""
+        """Another raced recipe served through the same unit. With the image and models playbooks/tune.yml
+        installed for it (<etc_dir>/race/<recipe>/), it runs those; without them, only a recipe sharing the host
+        recipe's image, target and drafter can run (on the unit's own), and any other is refused here, before
+        anything is stopped or started."""
         if recipe.name == self.recipe.name:
             return self
+        installed = self.raced_install(recipe)
+        if installed is not None:
+            return RacedRecipe(self, recipe, installed)
         problems = []
         if recipe.image != self.recipe.image:
             problems.append(f"image {recipe.image.reference}:{recipe.image.tag} (the unit serves "
@@ -443,26 +458,84 @@ class SystemdUnitServing:
         if recipe.drafter is not None and recipe.drafter != self.recipe.drafter:
             problems.append("another drafter")
         if problems:
-            raise BadInput(f"--recipe {recipe.name} needs {' and '.join(problems)}, which the serving stage did not "
-                           f"install on {self.host.name}: race recipes that share the host recipe "
-                           f"({self.recipe.name})'s image and model store, or serve {recipe.name} with site.yml "
-                           "and race from it")
-        return _OtherRecipe(self, recipe)
+            raise BadInput(f"--recipe {recipe.name} needs {' and '.join(problems)}, and {self.host.name} holds no "
+                           f"{self.race_dir(recipe)}/: race it with playbooks/tune.yml (b70_tune_recipes), which "
+                           "installs each raced recipe's image and models first")
+        return RacedRecipe(self, recipe, None)
+
+    def race_dir(self, recipe: Recipe) -> str:
+        return str(PurePosixPath(self.host.etc_dir) / RACE_DIR / recipe.name)
+
+    def raced_install(self, recipe: Recipe) -> RacedInstall | None:
+        """What playbooks/tune.yml installed on the host for RECIPE (None when it installed nothing for it)."""
+        directory = self.race_dir(recipe)
+        try:
+            present = self.shell.run(["ls", "-1", directory]).split()
+        except HostCommandFailed:
+            return None
+        again = f"run playbooks/tune.yml with {recipe.name} in b70_tune_recipes again, which installs it"
+        missing = [name for name in RACE_DOCUMENTS[:2] if name not in present]
+        if missing:
+            raise BadInput(f"{self.host.name}: {directory}/ holds no {' or '.join(missing)}: {again}")
+        try:
+            image = InstalledImage.model_validate(self._read_json(f"{directory}/image.json", again))
+            models = ModelsRecord.model_validate(self._read_json(f"{directory}/models.json", again))
+        except ValidationError as error:
+            raise BadInput(f"{self.host.name}: {directory}: {first_problem(error)}: {again}") from error
+        if image.recipe != recipe.name:
+            raise BadInput(f"{self.host.name}: {directory}/image.json is recipe {image.recipe}'s image, not "
+                           f"{recipe.name}'s: {again}")
+        if recipe.drafter is not None and models.drafter is None:
+            raise BadInput(f"{self.host.name}: {directory}/models.json holds no drafter, and {recipe.name} has one: "
+                           f"{again}")
+        roofline = None
+        if RACE_DOCUMENTS[2] in present:
+            try:
+                roofline = RooflineInputs.model_validate(
+                    self._read_json(f"{directory}/{RACE_DOCUMENTS[2]}", again))
+            except (BadInput, ValidationError) as error:
+                self.progress(f"{recipe.name}: {directory}/{RACE_DOCUMENTS[2]} is not usable ({error}): its roofline "
+                              "is not measured")
+        return RacedInstall(image_id=image.id, models=models, roofline_inputs=roofline)
+
+class RacedInstall:
+    """A raced recipe's image and model store on the host, beside the host recipe's (serving_of)."""
+
+    def __init__(self, image_id: str, models: ModelsRecord, roofline_inputs: RooflineInputs | None):
+        self.image_id, self.models, self.roofline_inputs = image_id, models, roofline_inputs
+
+    def container(self, unit: ServingContainer) -> ServingContainer:
+        """The unit's container (its name, port, environment and key files, caches) running this image over this
+        store: what a candidate of the raced recipe runs."""
+        target, drafter = self.models.in_container(CONTAINER_MODELS_DIR)
+        return unit.model_copy(update={"image": self.image_id, "models_dir": self.models.store_dir(),
+                                       "models_label": self.models.label(), "model_dir": target,
+                                       "drafter_dir": drafter})
 
 
-class _OtherRecipe:
+class RacedRecipe:
     """CandidateServers for a raced recipe over the host recipe's SystemdUnitServing (see serving_of)."""
 
-    def __init__(self, unit: SystemdUnitServing, recipe: Recipe):
-        self.unit, self.recipe = unit, recipe
+    def __init__(self, unit: SystemdUnitServing, recipe: Recipe, installed: RacedInstall | None):
+        self.unit, self.recipe, self.installed = unit, recipe, installed
+
+    @property
+    def roofline_inputs(self) -> RooflineInputs | None:
+        """The roofline inputs read on the host for this recipe's own target (None on the unit's own models,
+        whose inputs are the host recipe's)."""
+        return self.installed.roofline_inputs if self.installed is not None else None
+
+    def _container(self) -> ServingContainer:
+        assert self.unit.container is not None, "use SystemdUnitServing as a context manager"
+        return self.unit.container if self.installed is None else self.installed.container(self.unit.container)
 
     @contextmanager
     def baseline(self) -> Iterator[Endpoint]:
-        yield from self.unit._baseline(self.recipe)
+        yield from self.unit._baseline(self.recipe, self._container())
 
     @contextmanager
     def candidate(self, candidate: Candidate) -> Iterator[Endpoint]:
-        yield from self.unit._candidate(self.recipe, candidate)
+        yield from self.unit._candidate(self.recipe, candidate, self._container())
 
 
 class _DeferredSigterm:
