@@ -682,3 +682,103 @@ def test_a_raced_recipe_with_its_own_target_is_bound_by_that_targets_weights(tmp
     assert unread["cpu-tiny-bigger"][1].value is None
     assert "cpu-tiny-bigger's target was not read on the host" in unread["cpu-tiny-bigger"][1].source
 
+
+# A speculating hybrid target on vLLM >= 0.28.1 (cpu-tiny's 0.32 with GDN layers claimed): the render keeps its
+# prefix cache off until the probe passed on the host, and its tune space tries the cache on and off.
+HYBRID = CPU_TINY.model_copy(update={
+    "target": CPU_TINY.target.model_copy(update={"has_linear_attention": True}),
+    "tune": CPU_TINY.tune.model_copy(update={"num_speculative_tokens": [4], "ngram": None,
+                                             "prefix_caching": ["off", "on"], "budget_requests": 60})})
+
+
+class RenderedCacheServing(ScriptedServing):
+    """Each candidate's command line as the host's unit would render it (candidate_command); the scripted server
+    behind it serves with its prefix cache on exactly when that command line turns it on, at `rates[on]`, and
+    then, when `corrupt`, answers a long prompt whose start it has seen with another token (a cache serving
+    another request's blocks)."""
+
+    def __init__(self, corrupt: bool, rates: dict[bool, float]):
+        super().__init__({})
+        self.corrupt, self.cache_rates = corrupt, rates
+        self.argvs: dict[str, list[str]] = {}
+
+    @contextmanager
+    def candidate(self, candidate: Candidate):
+        from b70ctl.serve.render import ServeContext
+        from b70ctl.tune.serving import candidate_command
+
+        argv = candidate_command(HYBRID, candidate, ServeContext(model_dir="/models/target",
+                                                                 drafter_dir="/models/drafter"), None).argv
+        self.argvs[candidate.label] = argv
+        cache_on = "--enable-prefix-caching" in argv
+        assert cache_on or "--no-enable-prefix-caching" in argv, argv
+        with ScriptedServer(model=self.model) as server:
+            server.default_script = steady_script(self.cache_rates[cache_on])
+            if cache_on and self.corrupt:
+                alter = corrupt_cached_prefix()
+                server.alter = lambda prompt, ids: alter(1, prompt, ids)
+            yield Endpoint(server.url, model=self.model, timeout_s=10)
+
+
+def test_prefix_caching_on_is_a_candidate_the_gates_probe_judges_on_the_host(tmp_path):
+    """The tune serves the cache-on candidate with the cache on (the host's record says nothing yet) and its gate is
+    the probe: a cache that corrupts a shared long prefix is caught at the first differing token and the winner
+    keeps it off; an honest faster cache wins, and b70_tuned.yml is then the record that the probe passed there,
+    which the next render reads to keep the cache on."""
+    from b70ctl.serve.render import ServeContext, render_serve
+    from b70ctl.serve.tuned import apply_tuned, parse_tuned, probe_passed
+
+    corrupting = RenderedCacheServing(corrupt=True, rates={True: 400.0, False: 200.0})
+    report = run_tune(HYBRID, corrupting, tmp_path / "corrupt")
+    write_tune_outputs(report, tmp_path / "corrupt")
+    on = next(c for c in report.candidates if c.overrides["prefix_caching"] == "on")
+    assert "--enable-prefix-caching" in corrupting.argvs[on.label]
+    assert corrupting.argvs[next(c.label for c in report.candidates if c.overrides["prefix_caching"] is None)] \
+        == corrupting.argvs[next(c.label for c in report.candidates if c.overrides["prefix_caching"] == "off")]
+    assert on.disqualified and on.disqualified.startswith("the gate against silent garbage:"), on.disqualified
+    assert "first difference at generated token 5" in on.disqualified
+    tuned = yaml.safe_load((tmp_path / "corrupt" / "b70_tuned.yml").read_text())["vllm_serve_tuned"]
+    assert tuned["overrides"].get("prefix_caching") != "on" and not probe_passed(parse_tuned(json.dumps(tuned)))
+
+    honest = RenderedCacheServing(corrupt=False, rates={True: 400.0, False: 200.0})
+    report = run_tune(HYBRID, honest, tmp_path / "honest")
+    write_tune_outputs(report, tmp_path / "honest")
+    assert report.outcome == "tuned" and report.tuned_overrides["prefix_caching"] == "on"
+    text = (tmp_path / "honest" / "b70_tuned.yml").read_text()
+    tuned_settings = parse_tuned(json.dumps(yaml.safe_load(text)["vllm_serve_tuned"]))
+    assert probe_passed(tuned_settings)
+    served, _ = apply_tuned(HYBRID, tuned_settings, None)
+    context = ServeContext(model_dir="/models/target", drafter_dir="/models/drafter", prefix_cache_probe_passed=True)
+    command = render_serve(served, context)
+    assert "--enable-prefix-caching" in command.argv and command.prefix_caching.startswith("on: the gate's")
+    # Without the tune's record the same recipe serves with the cache off.
+    assert "--no-enable-prefix-caching" in render_serve(HYBRID, context.model_copy(
+        update={"prefix_cache_probe_passed": False})).argv
+
+
+def test_the_hosts_tune_record_turns_the_cache_on_through_serve_render(tmp_path):
+    """`b70ctl serve render --tuned` (what roles/vllm_serve runs with host_vars' vllm_serve_tuned): a winner with
+    prefix caching on is the host's probe record; any other tune leaves the cache off."""
+    from typer.testing import CliRunner
+
+    from b70ctl.cli import app
+    from b70host.topology import TOPOLOGY_PATH, topology
+    from sysfs_trees import build_tree
+
+    root = build_tree(tmp_path, "b70x2-switch")
+    topology(root, 2, probe="never", write=True)
+    written = str(Path(root) / TOPOLOGY_PATH.lstrip("/"))
+
+    def flags(tuned: dict) -> list[str]:
+        done = CliRunner().invoke(app, ["serve", "render", "--recipe", "mtp3-int4-tp2", "--topology", written,
+                                        "--json", "--tuned", json.dumps(tuned)])
+        assert done.exit_code == 0, done.output
+        return [word for word in json.loads(done.stdout)["argv"] if "prefix-caching" in word]
+
+    base = {"recipe": "mtp3-int4-tp2", "outcome": "tuned", "budget_requests": 40, "spent_requests": 40,
+            "date": "2026-12-07"}
+    assert flags(base | {"overrides": {"num_speculative_tokens": 3, "prefix_caching": "on"}}) == \
+        ["--enable-prefix-caching"]
+    assert flags(base | {"overrides": {"num_speculative_tokens": 4, "prefix_caching": None}}) == \
+        ["--no-enable-prefix-caching"]
+    assert flags({}) == ["--no-enable-prefix-caching"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -426,6 +426,11 @@ class TuneSpace(Strict):
         None, description="A range {low, high}, or the values as a list")
     draft_sample_method: list[Literal["greedy", "probabilistic"]] = Field(default_factory=list)
     max_num_batched_tokens: list[int] = Field(default_factory=list)
+    prefix_caching: list[Literal["on", "off"]] = Field(
+        default_factory=list, description="Serve with prefix caching on and/or off. A candidate with it on is served "
+                                          "with the cache on whatever the host's record, so the gate's prefix-cache "
+                                          "probe runs against it; a winner with it on is the host's record that the "
+                                          "probe passed there (b70_tuned.yml)")
     ngram: NgramSpace | None = Field(
         None, description="Also try method ngram (no draft model) with these values: the method is then the "
                           "recipe's own or ngram")
@@ -439,12 +444,21 @@ class TuneSpace(Strict):
     final_requests: int = Field(3, ge=1, description="Requests per workload of the winner and the recipe's "
                                                      "default, measured back to back at the end")
 
+    @field_validator("prefix_caching", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        """YAML 1.1 reads a bare on/off as a boolean: take it back as the word the recipe's author wrote."""
+        if isinstance(value, list):
+            return [("on" if item else "off") if isinstance(item, bool) else item for item in value]
+        return value
+
     @model_validator(mode="after")
     def _values(self) -> TuneSpace:
         listed_k = self.num_speculative_tokens if isinstance(self.num_speculative_tokens, list) else None
         for name, values in (("num_speculative_tokens", listed_k or []),
                              ("draft_sample_method", self.draft_sample_method),
-                             ("max_num_batched_tokens", self.max_num_batched_tokens)):
+                             ("max_num_batched_tokens", self.max_num_batched_tokens),
+                             ("prefix_caching", self.prefix_caching)):
             if listed_k == [] and name == "num_speculative_tokens":
                 raise ValueError("tune.num_speculative_tokens: give at least one value")
             if len(values) != len(set(values)):
@@ -477,6 +491,8 @@ class TuneSpace(Strict):
             knobs["draft_sample_method"] = list(self.draft_sample_method)
         if self.max_num_batched_tokens:
             knobs["max_num_batched_tokens"] = list(self.max_num_batched_tokens)
+        if self.prefix_caching:
+            knobs["prefix_caching"] = list(self.prefix_caching)
         by_profile = {str(name): values for name, values in self.oneccl_thresholds.items()}
         for variable, values in sorted(by_profile.get(profile or "", {}).items()):
             knobs[variable] = list(values)
@@ -690,6 +706,11 @@ class Recipe(Strict):
                 data["serve"]["speculative"][name] = value
             elif name == "max_num_batched_tokens":
                 data["serve"][name] = value
+            elif name == "prefix_caching":
+                if value not in ("on", "off", None):
+                    raise ValueError(f"override prefix_caching={value!r}: give on or off")
+                if value is not None:
+                    data["serve"]["enable_prefix_caching"] = value == "on"
             elif not ONECCL_TUNABLE.match(name):
                 raise ValueError(f"override {name!r}: not a knob b70ctl tunes")
             elif not isinstance(value, int) or isinstance(value, bool) or value < 0:

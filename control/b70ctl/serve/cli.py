@@ -115,11 +115,13 @@ def _render_server(recipe: Recipe, document: TopologyDocument | None, tuned: str
                    prefix_cache_probe_passed: bool = False) -> tuple[ServeCommand, ServeContext]:
     """One server's render: the speculative server with the host's tuned overrides, or the target-only baseline
     as the recipe says (it is the tune's reference); in a rehearsal, without the options its overlay removes."""
-    from b70ctl.serve.tuned import apply_tuned, parse_tuned
+    from b70ctl.serve.tuned import apply_tuned, parse_tuned, probe_passed
 
     tuned_env: dict[str, str] = {}
     if tuned is not None and not baseline:
-        recipe, tuned_env = apply_tuned(recipe, parse_tuned(tuned), document.profile if document else None)
+        settings = parse_tuned(tuned)
+        recipe, tuned_env = apply_tuned(recipe, settings, document.profile if document else None)
+        prefix_cache_probe_passed = prefix_cache_probe_passed or probe_passed(settings)
     try:
         context = ServeContext(model_dir=model_dir, drafter_dir=drafter_dir, host="0.0.0.0", port=port,
                                speculative=not baseline, extra_env={**site_env, **tuned_env},

@@ -115,8 +115,8 @@ def prefix_caching(recipe: Recipe, context: ServeContext) -> tuple[bool | None, 
     if not at_risk:
         return asked, None
     if context.prefix_cache_probe_passed:
-        return asked, ("on: the gate's prefix-cache probe passed on this host (vllm_serve_prefix_cache_probe_passed)"
-                       if asked else None)
+        return asked, ("on: the gate's prefix-cache probe passed on this host (vllm_serve_prefix_cache_probe_passed, "
+                       "or the tune's winner served with it on)" if asked else None)
     return False, ("off: a hybrid target speculating on vLLM >= 0.28.1 keeps prefix caching only after the gate's "
                    "prefix-cache probe passed on this host (vllm_serve_prefix_cache_probe_passed)")
 

@@ -90,3 +90,10 @@ def apply_tuned(recipe: Recipe, tuned: TunedSettings | None, profile: str | None
         reason = first_problem(error) if isinstance(error, ValidationError) else str(error)
         raise BadInput(f"b70_tuned.yml's overrides do not apply to recipe {recipe.name}: {reason}: {RETUNE}") \
             from error
+
+
+def probe_passed(tuned: TunedSettings | None) -> bool:
+    """Whether the host's tune is the record that the gate's prefix-cache probe passed there: its winner was served
+    with prefix caching on (the tune renders such a candidate with the cache on) and passed the gate, the probe
+    included, at its first serve and the same tokens at every later one."""
+    return tuned is not None and tuned.outcome == "tuned" and tuned.overrides.get("prefix_caching") == "on"

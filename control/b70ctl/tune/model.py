@@ -53,6 +53,12 @@ class Candidate(Pinned):
         return ", ".join(shown) or "the recipe as it is"
 
     @property
+    def probes_prefix_cache(self) -> bool:
+        """Served with prefix caching on whatever the host's record: the gate at its first serve is the
+        prefix-cache probe for it (serve/tuned.py: a winner with it on is the record that the probe passed)."""
+        return self.overrides.get("prefix_caching") == "on"
+
+    @property
     def host_env(self) -> dict[str, str]:
         """The oneCCL variables among the overrides: host environment on top of the profile's, not recipe fields."""
         return ccl_env(self.overrides)
@@ -60,7 +66,7 @@ class Candidate(Pinned):
 
 SHORT_NAMES = {"num_speculative_tokens": "k", "draft_sample_method": "draft sampling",
                "max_num_batched_tokens": "batched tokens", "prompt_lookup_min": "lookup min",
-               "prompt_lookup_max": "lookup max"}
+               "prompt_lookup_max": "lookup max", "prefix_caching": "prefix caching"}
 
 
 def knob_applies(name: str, overrides: dict[str, Value]) -> bool:

@@ -64,6 +64,10 @@ def default_overrides(recipe: Recipe, knobs: dict[str, list[int | str]], profile
             values[name] = getattr(spec, name) if spec is not None else None
         elif name == "max_num_batched_tokens":
             values[name] = recipe.serve.max_num_batched_tokens
+        elif name == "prefix_caching":
+            # What the host serves: the recipe's setting as the render decides it for this host (a speculating
+            # hybrid target keeps the cache only once the probe passed there, serve/render.py prefix_caching).
+            values[name] = None
         else:  # a oneCCL threshold: the active profile's value
             from b70host.topology import CCL_PROFILES
 

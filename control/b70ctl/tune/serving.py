@@ -47,7 +47,9 @@ def candidate_command(recipe: Recipe, candidate: Candidate, context: ServeContex
     """The candidate's serve command on an appliance host: the recipe with its overrides through render_container,
     its oneCCL thresholds on top of the host's profile (the serve context's env wins over the profile's). What a
     unit-owning implementation of CandidateServers starts."""
-    context = context.model_copy(update={"extra_env": {**context.extra_env, **candidate.host_env}})
+    context = context.model_copy(update={
+        "extra_env": {**context.extra_env, **candidate.host_env},
+        "prefix_cache_probe_passed": context.prefix_cache_probe_passed or candidate.probes_prefix_cache})
     return render_container(recipe.with_overrides(candidate.overrides), context, topology)
 
 
@@ -67,14 +69,15 @@ class LocalServing:
         self.progress = progress or (lambda _message: None)
         self.started = 0
 
-    def _serve(self, name: str, recipe: Recipe, speculative: bool,
-               extra_env: dict[str, str]) -> Generator[Endpoint, None, None]:
+    def _serve(self, name: str, recipe: Recipe, speculative: bool, extra_env: dict[str, str],
+               probes_prefix_cache: bool = False) -> Generator[Endpoint, None, None]:
         from b70ctl.serve.local import LocalServer, free_port
         from b70ctl.serve.render import model_paths, render_serve
 
         target, drafter = model_paths(self.models_dir, recipe)
         context = ServeContext(model_dir=target, drafter_dir=drafter, port=free_port(), speculative=speculative,
-                               python=self.python, extra_env=extra_env)
+                               python=self.python, extra_env=extra_env,
+                               prefix_cache_probe_passed=probes_prefix_cache)
         server = LocalServer(name, render_serve(recipe, context), self.python, context.port,
                              self.log_dir / f"{name}.log")
         self.started += 1
@@ -102,7 +105,8 @@ class LocalServing:
     @contextmanager
     def candidate(self, candidate: Candidate) -> Iterator[Endpoint]:
         recipe = self.recipe.with_overrides(candidate.overrides)
-        serving = self._serve(server_name(candidate), recipe, True, candidate.host_env)
+        serving = self._serve(server_name(candidate), recipe, True, candidate.host_env,
+                              candidate.probes_prefix_cache)
         try:
             endpoint = next(serving)
         except B70Error as error:
