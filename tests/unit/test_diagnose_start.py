@@ -136,9 +136,10 @@ def test_the_role_hands_over_exactly_a_failed_start_and_says_the_rollback_with_t
     block = next(task for task in rollback if "block" in task and any(
         inner.get("name") == "Name the failure, the rollback and the fix" for inner in task["block"]))
     call = next(inner for inner in block["block"] if inner.get("name") == "Name the failure, the rollback and the fix")
-    argv = call["ansible.builtin.command"]["argv"]
-    assert argv[1:4] == ["diagnose", "--start", "-"] and "--last-good" in argv[4] and "--no-last-good" in argv[4]
-    assert call["ansible.builtin.command"]["stdin"] == "{{ vllm_serve_failed_start | to_json }}"
+    command = call["b70ctl"]["command"]
+    assert command[:3] == ["diagnose", "--start", "-"] and "--last-good" in command[3] \
+        and "--no-last-good" in command[3]
+    assert call["b70ctl"]["input"] == "{{ vllm_serve_failed_start }}"  # sent as JSON by the b70ctl action
 
 
 def run(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:

@@ -752,7 +752,7 @@ def test_hf_token_reaches_the_fetch_only_through_a_private_file():
     writes = [t for t in tasks if "b70_hf_token" in json.dumps(t) and "when" not in str(t.get("name", "")).lower()
               and t.get("ansible.builtin.copy")]
     assert writes and all(t.get("no_log") is True and t["ansible.builtin.copy"]["mode"] == "0600" for t in writes)
-    fetch = next(t for t in tasks if "'model', 'stage'" in json.dumps(t.get("ansible.builtin.command", "")))
+    fetch = next(t for t in tasks if "'model', 'stage'" in json.dumps(t.get("b70ctl", "")))
     assert "HF_TOKEN_PATH" in fetch["environment"]
     block = next(t for t in yaml_load(REPO / "roles/model_store/tasks/from_controller.yml") if "block" in t)
     removal = block["always"][0]

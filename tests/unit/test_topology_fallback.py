@@ -52,7 +52,7 @@ def test_the_role_s_signal_is_the_catalogue_entry_whose_fix_is_no_p2p() -> None:
     line as its evidence (what the role passes as --evidence)."""
     diagnose = yaml.safe_load((REPO / "roles/vllm_serve/tasks/diagnose.yml").read_text())
     call = next(task for task in diagnose if task["name"] == "Name known failures in the units' journals")
-    assert call["ansible.builtin.command"]["argv"][1:] == ["diagnose", "--start", "-", "--json"]
+    assert call["b70ctl"]["command"] == ["diagnose", "--start", "-", "--json"]
     # The role's own call, with the journal read as Ansible registered it (exit 1: found).
     start = {"host": "b70-a", "health_timeout_s": 900, "failed_task": "Wait for /health",
              "journal": {"rc": 0, "stdout": json.dumps(

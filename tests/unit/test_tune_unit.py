@@ -382,7 +382,7 @@ def _tune_stdin(target: dict[str, object]) -> ApplianceHost:
     import yaml
 
     task = next(task for task in yaml.safe_load((REPO / "roles/vllm_serve/tasks/tune.yml").read_text())
-                if "ansible.builtin.command" in task)
+                if "b70ctl" in task)
     assert task["vars"]["vllm_serve_tune_target"] == "{{ hostvars[inventory_hostname] }}"
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
     environment.filters.update(to_json=json.dumps, bool=bool)
@@ -391,8 +391,11 @@ def _tune_stdin(target: dict[str, object]) -> ApplianceHost:
                  "vllm_serve_unit": UNIT, "vllm_serve_port": 8000, "vllm_serve_config_dir": CONFIG_DIR,
                  "b70_etc_dir": "/etc/b70", "vllm_serve_baseline": True, "vllm_serve_baseline_unit": BASELINE_UNIT,
                  "vllm_serve_api_key": "", "vllm_serve_health_timeout": 900}
-    rendered = environment.from_string(task["ansible.builtin.command"]["stdin"]).render(**variables)
-    return ApplianceHost.model_validate_json(rendered)
+    # The b70ctl action sends its input as JSON: the expression's value, as Ansible's native templating gives it.
+    expression = task["b70ctl"]["input"].strip()
+    assert expression.startswith("{{") and expression.endswith("}}"), expression
+    document = environment.compile_expression(expression[2:-2])(**variables)
+    return ApplianceHost.model_validate_json(json.dumps(document))
 
 
 def test_the_playbooks_host_document_is_what_b70ctl_tune_reads():
@@ -614,7 +617,7 @@ def test_the_roles_container_record_is_what_tune_serves_its_candidates_with(tmp_
                                               "dest": "{{ vllm_serve_host_units.container_path }}", "mode": "0644"}
     render = next(task for task in tasks if task["name"] == "Render the serving units on the controller")
     for flag in ("'units'", "'--unit'", "'--image'", "'--config-dir'", "'--models-record'", "'--api-key-env-file'"):
-        assert flag in render["ansible.builtin.command"]["argv"], flag
+        assert flag in render["b70ctl"]["command"], flag
 
     root = build_tree(tmp_path, "b70-igpu")
     topology(root, 1, probe="never", write=True)
