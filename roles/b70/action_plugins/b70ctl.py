@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
@@ -50,8 +51,8 @@ class ActionModule(ActionBase):
                 merged.update({str(name): str(value) for name, value in templated.items()})
         return merged
 
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = super().run(tmp, task_vars)
         del tmp
         task_vars = task_vars or {}
         words = self._task.args.get("command")

@@ -27,6 +27,7 @@ import json
 import os
 import shlex
 from pathlib import Path
+from typing import Any
 
 import yaml
 from ansible.errors import AnsibleActionFail
@@ -101,7 +102,7 @@ def checkout(repo: Path = REPO) -> tuple[str, tuple[set[str], tuple[str, ...], d
     return tree_digest(repo), declared_variables(repo)
 
 
-def inputs_digest(task_vars: dict, repo: Path = REPO) -> str:
+def inputs_digest(task_vars: dict[str, Any], repo: Path = REPO) -> str:
     tree, (names, prefixes, role_values) = checkout(repo)
     chosen = {name: task_vars[name] for name in sorted(task_vars)
               if (name in names or name.startswith(prefixes)) and not name.startswith(OWN_PREFIX)
@@ -112,7 +113,7 @@ def inputs_digest(task_vars: dict, repo: Path = REPO) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def measured_key(digest: str, current: dict, stages: object) -> str:
+def measured_key(digest: str, current: dict[str, str], stages: object) -> str:
     """What a replication report measured, once every stage is at this run's generation: the inputs digest and what
     each stage left (its state_digest). Empty until then: a report is kept only for a configuration known whole."""
     if not isinstance(stages, list) or not stages or sorted(current) != sorted(stages):
@@ -122,10 +123,11 @@ def measured_key(digest: str, current: dict, stages: object) -> str:
 
 
 @functools.cache
-def load_module():
+def load_module() -> Any:
     """library/b70_generation.py as a Python module (its argument spec and code), without running its main()."""
     spec = importlib.util.spec_from_file_location("b70_generation_module", MODULE)
-    module = importlib.util.module_from_spec(spec)
+    assert spec is not None and spec.loader is not None, MODULE
+    module: Any = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.SOURCE = MODULE.read_text()
     return module
@@ -140,8 +142,8 @@ load_module()
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
 
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         args = dict(self._task.args)
         # The role's switch, for the message only: with the fast path off the stage runs whatever the check says.
@@ -171,7 +173,7 @@ class ActionModule(ActionBase):
                 result.pop("reasons", None)
         return result
 
-    def _run_on_host(self, args: dict, task_vars: dict) -> dict:
+    def _run_on_host(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         module = load_module()
         validated = ArgumentSpecValidator(module.ARGUMENT_SPEC).validate(args)
         if validated.error_messages:
@@ -182,14 +184,15 @@ class ActionModule(ActionBase):
         answer = self._low_level_execute_command(f"{shlex.quote(python)} -c {shlex.quote(HOST_PROGRAM)}",
                                                  in_data=request.encode())
         try:
-            return json.loads(answer["stdout"].strip().splitlines()[-1])
+            answered: dict[str, Any] = json.loads(answer["stdout"].strip().splitlines()[-1])
+            return answered
         except (ValueError, IndexError):
             raise AnsibleActionFail(
                 f"b70_generation: {python} on the host gave no result (rc {answer['rc']}): "
                 f"{answer['stderr'].strip()[-500:] or answer['stdout'].strip()[-500:]}. Fix: install python3 on "
                 "the host, or point ansible_python_interpreter at it") from None
 
-    def _host_python(self, task_vars: dict) -> str:
+    def _host_python(self, task_vars: dict[str, Any]) -> str:
         """The interpreter set for the host, one an earlier module found, else python3 on the PATH."""
         configured = self._templar.template(task_vars.get("ansible_python_interpreter") or "")
         if configured and not str(configured).startswith("auto"):

@@ -26,6 +26,7 @@ import os
 import stat
 import subprocess
 import tempfile
+from typing import Any
 
 DOCUMENTATION = r"""
 module: b70_generation
@@ -136,12 +137,12 @@ def differences(recorded: dict[str, str], now: dict[str, str]) -> list[str]:
     return named
 
 
-def state_digest(state: dict) -> str:
+def state_digest(state: dict[str, Any]) -> str:
     """One digest of a stage's fingerprint: what the stage left, as the record holds it."""
     return sha256_bytes(json.dumps(state, sort_keys=True).encode())
 
 
-def load(store: str) -> dict:
+def load(store: str) -> dict[str, Any]:
     try:
         with open(store, encoding="utf-8") as handle:
             document = json.load(handle)
@@ -152,7 +153,7 @@ def load(store: str) -> dict:
     return document
 
 
-def save(store: str, document: dict) -> None:
+def save(store: str, document: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(store), mode=0o755, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=os.path.dirname(store), prefix=".generation.")
     try:
@@ -166,7 +167,7 @@ def save(store: str, document: dict) -> None:
         raise
 
 
-def run(params: dict, check_mode: bool) -> dict:
+def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     stage, state, store = params["stage"], params["state"], params["store"]
     document = load(store)
     recorded = document["stages"].get(stage)
@@ -221,7 +222,7 @@ ARGUMENT_SPEC = {
 }
 
 
-def execute(params: dict, check_mode: bool) -> dict:
+def execute(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     """run() on validated parameters, as the module's result: main() and the action plugin's direct run share it."""
     if params["state"] != "absent" and not params["digest"]:
         return {"failed": True, "msg": "b70_generation: no inputs digest (run it through the role's action plugin)"}

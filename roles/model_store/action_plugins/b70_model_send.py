@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
@@ -30,10 +31,11 @@ CHUNK_BYTES = 64 << 20
 BATCH_BYTES = 4 * CHUNK_BYTES
 
 
-def _model_dir_module():
+def _model_dir_module() -> Any:
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "library", "b70_model_dir.py")
     spec = importlib.util.spec_from_file_location("b70_model_dir_chunks", path)
-    module = importlib.util.module_from_spec(spec)
+    assert spec is not None and spec.loader is not None, path
+    module: Any = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
@@ -42,8 +44,8 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = True
     _VALID_ARGS = frozenset(("src", "path", "file", "chunk_bytes", "batch_bytes"))
 
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = super().run(tmp, task_vars)
         del tmp
         args = self._task.args
         try:
@@ -62,8 +64,8 @@ class ActionModule(ActionBase):
         local_dir = tempfile.mkdtemp(prefix="b70-chunk-")
         local_chunk = os.path.join(local_dir, "chunk")
 
-        def host(chunk_sha256, staged, finish):
-            answer = self._execute_module(
+        def host(chunk_sha256: list[str], staged: dict[str, str], finish: bool) -> dict[str, Any]:
+            answer: dict[str, Any] = self._execute_module(
                 module_name="b70_model_dir", task_vars=task_vars,
                 module_args={"path": directory, "state": "partial", "file": entry, "chunk_bytes": chunk_bytes,
                              "chunk_sha256": chunk_sha256, "staged": staged, "finish": finish})
@@ -71,13 +73,13 @@ class ActionModule(ActionBase):
                 raise AnsibleActionFail(answer.get("msg", f"{directory}: the host step failed"), result=answer)
             return answer
 
-        def stage(index, offset, length):
+        def stage(index: int, offset: int, length: int) -> str:
             with open(source, "rb") as handle:
                 handle.seek(offset)
                 data = handle.read(length)
             with open(local_chunk, "wb") as out:
                 out.write(data)
-            remote = self._connection._shell.join_path(remote_tmp, f"chunk-{index}")
+            remote: str = self._connection._shell.join_path(remote_tmp, f"chunk-{index}")
             self._transfer_file(local_chunk, remote)
             self._fixup_perms2((remote_tmp, remote))
             return remote

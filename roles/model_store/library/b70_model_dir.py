@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import Callable
+from typing import Any, Callable
 
 DOCUMENTATION = r"""
 module: b70_model_dir
@@ -65,7 +65,7 @@ def sha256_file(path: str, chunk_bytes: int = 8 << 20) -> str:
             digest.update(chunk)
 
 
-def wanted_files(files: list[dict]) -> dict[str, dict]:
+def wanted_files(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """path -> {size_bytes, sha256}; a path that would leave the directory is refused."""
     wanted = {}
     for entry in files:
@@ -77,7 +77,7 @@ def wanted_files(files: list[dict]) -> dict[str, dict]:
     return wanted
 
 
-def recorded_manifest(directory: str) -> dict[str, dict] | None:
+def recorded_manifest(directory: str) -> dict[str, dict[str, Any]] | None:
     try:
         with open(os.path.join(directory, MANIFEST_FILE)) as handle:
             return wanted_files(json.load(handle)["files"])
@@ -102,7 +102,7 @@ def partial_path(full: str) -> str:
     return full + PARTIAL_SUFFIX
 
 
-def plan(directory: str, wanted: dict[str, dict], check_mode: bool = False) -> dict:
+def plan(directory: str, wanted: dict[str, dict[str, Any]], check_mode: bool = False) -> dict[str, Any]:
     present = present_files(directory) if os.path.isdir(directory) else {}
     sizes = {path: entry["size_bytes"] for path, entry in wanted.items()}
     if recorded_manifest(directory) == wanted and present == sizes:
@@ -157,7 +157,8 @@ def chunk_count(size_bytes: int, chunk_bytes: int) -> int:
 def chunk_sha256s(path: str, size_bytes: int, chunk_bytes: int) -> tuple[list[str], str, int]:
     """The sha256 of each whole chunk among the first SIZE_BYTES of PATH, the sha256 of the bytes read, and how
     many were read: one pass. A file shorter than SIZE_BYTES yields the chunks it holds in full."""
-    whole, chunks, read_bytes = hashlib.sha256(), [], 0
+    whole, read_bytes = hashlib.sha256(), 0
+    chunks: list[str] = []
     with open(path, "rb") as handle:
         for index in range(chunk_count(size_bytes, chunk_bytes)):
             remaining = min(chunk_bytes, size_bytes - index * chunk_bytes)
@@ -182,8 +183,8 @@ def _fsync_directory(directory: str) -> None:
         os.close(directory_fd)
 
 
-def transfer_chunks(directory: str, entry: dict, chunk_bytes: int, chunk_sha256: list[str],
-                    staged: dict[str, str], finish: bool, check_mode: bool = False) -> dict:
+def transfer_chunks(directory: str, entry: dict[str, Any], chunk_bytes: int, chunk_sha256: list[str],
+                    staged: dict[str, str], finish: bool, check_mode: bool = False) -> dict[str, Any]:
     """One step of a file's transfer into DIRECTORY/PATH.partial (state=partial).
 
     Staged chunks are written at their offsets only when their length and sha256 match the controller's. Without
@@ -197,7 +198,8 @@ def transfer_chunks(directory: str, entry: dict, chunk_bytes: int, chunk_sha256:
                          f"{chunk_bytes}")
     full = os.path.join(directory, relative)
     partial = partial_path(full)
-    result = {"changed": False, "placed": False, "missing": [], "written": [], "rejected": [], "kept_bytes": 0,
+    result: dict[str, Any] = {"changed": False, "placed": False, "missing": [], "written": [], "rejected": [],
+                              "kept_bytes": 0,
               "hashed_bytes": 0}
     if check_mode:
         return {**result, "changed": True}
@@ -240,9 +242,9 @@ def transfer_chunks(directory: str, entry: dict, chunk_bytes: int, chunk_sha256:
     return result
 
 
-def send_file(source: str, entry: dict, chunk_bytes: int, batch_bytes: int,
-              host: Callable[[list[str], dict[str, str], bool], dict],
-              stage: Callable[[int, int, int], str]) -> dict:
+def send_file(source: str, entry: dict[str, Any], chunk_bytes: int, batch_bytes: int,
+              host: Callable[[list[str], dict[str, str], bool], dict[str, Any]],
+              stage: Callable[[int, int, int], str]) -> dict[str, Any]:
     """The controller's side of one file's transfer: hash the source's chunks (and check the whole against the
     manifest, so a changed cache is never sent), ask the host which chunks it lacks, stage and write them a batch
     at a time (a cut transfer loses at most the batch in flight), then finish; chunks still wrong are sent once
@@ -278,14 +280,15 @@ def send_file(source: str, entry: dict, chunk_bytes: int, batch_bytes: int,
                      "twice: check the host's disk and re-run")
 
 
-def placed_in(directory: str, sent: list[dict]) -> list[str]:
+def placed_in(directory: str, sent: list[dict[str, Any]]) -> list[str]:
     """The paths b70_model_send placed in this directory, from the send loop's results as registered (a skipped or
     check-mode item placed nothing)."""
     return [result["path"] for result in sent
             if result.get("placed") and os.path.normpath(str(result.get("directory"))) == os.path.normpath(directory)]
 
 
-def record(directory: str, wanted: dict[str, dict], verified: list[str], check_mode: bool = False) -> dict:
+def record(directory: str, wanted: dict[str, dict[str, Any]], verified: list[str],
+           check_mode: bool = False) -> dict[str, Any]:
     """Hash what the plan did not, then write the manifest (temporary file, fsync, rename, fsync directory)."""
     bad, hashed_bytes = [], 0
     for path, entry in sorted(wanted.items()):
