@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "appliance"))
 
-from provision import run_playbook, start_hosts, run_testhosts, write_inventory  # noqa: E402
+from provision import run_playbook, run_testhosts, start_hosts, write_inventory
 
 PREFIX = "b70-bench"
 SUBNET = "172.30.78.0/24"

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -52,10 +52,10 @@ from b70ctl.checks.metrics import (
     snapshot,
 )
 from b70ctl.checks.throughput import run_throughput
-from b70ctl.verify.embedded import default_cache_dir, ensure_models, start_servers
 from b70ctl.models.tiny import corpus_lines
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Workload
+from b70ctl.verify.embedded import default_cache_dir, ensure_models, start_servers
 
 LLAMA_BENCHY = "llama-benchy==0.4.0"
 TABULATE = "tabulate==0.9.0"
@@ -159,7 +159,7 @@ def read_window(client: VllmClient, action: Any) -> tuple[Any, Window]:
     before = snapshot(client, client.model)
     try:
         result = action()
-    except Exception as error:  # one tool failing must not lose the others' figures
+    except Exception as error:  # noqa: BLE001 one tool failing must not lose the others' figures
         result = error
     after = snapshot(client, client.model)
     for _ in range(10):  # a request the engine has not yet recorded: re-read until the count is stable
@@ -483,7 +483,7 @@ def main() -> None:
         k = snapshot(client, client.model).speculative_positions
         print(f"vLLM {version} (CPU), cpu-tiny with a draft model, k={k} (per-position labels), concurrency 1, "
               f"pp={args.pp} tg={args.tg}, {args.runs} runs per tool; {os.cpu_count()} cores; "
-              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; server up after {time.time() - started:.0f} s",
+              f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; server up after {time.time() - started:.0f} s",
               flush=True)
         # The server's first requests are slow (warm-up of its own): not in any tool's window.
         for _ in range(2):

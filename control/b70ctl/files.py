@@ -283,7 +283,7 @@ def load_yaml_unique(text: str, what: str) -> Any:
     `what`, the key and both lines), and so are the two ways valid-looking YAML breaks Python, as in parse_json:
     nesting deeper than the recursion limit and an integer longer than sys.get_int_max_str_digits() digits."""
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except DuplicateKey as error:
         raise BadInput(f"{what}: {error}") from None
     except RecursionError as error:

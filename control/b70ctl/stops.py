@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from b70ctl.errors import CheckAborted
 
 
-class Terminated(CheckAborted):  # noqa: N818 - a stop, named for what stopped it
+class Terminated(CheckAborted):
     """SIGTERM, as systemd and Ansible stop a run: it ends like an interrupt, with the report marked partial."""
 
     exit_code = 143

@@ -9,11 +9,13 @@ browser; its width is estimated only to size legend boxes and margins. The outpu
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from b70ctl.escaping import html_text as escape
 from typing import Literal
+
+from b70ctl.escaping import html_text as escape
 
 PT_PER_INCH = 72
 FONT_FAMILY = "'DejaVu Sans', 'Bitstream Vera Sans', Verdana, Arial, Helvetica, sans-serif"
@@ -61,7 +63,7 @@ def nice_ticks(low: float, high: float, most: int = 8) -> list[float]:
 
 def tick_labels(ticks: Sequence[float]) -> list[str]:
     """The ticks with as many decimals as their spacing needs (0.5 -> 1 decimal, 2.5 -> 1, 20 -> 0)."""
-    step = min((b - a for a, b in zip(ticks, ticks[1:], strict=False)), default=1.0) or 1.0
+    step = min((b - a for a, b in itertools.pairwise(ticks)), default=1.0) or 1.0
     decimals = next((d for d in range(0, 7) if abs(round(step, d) - step) <= 1e-9 * max(1.0, abs(step))), 6)
     return [f"{tick:.{decimals}f}".replace("-", MINUS) if round(tick, decimals) != 0 else f"{0:.{decimals}f}"
             for tick in ticks]

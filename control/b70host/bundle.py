@@ -24,7 +24,8 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from b70host import B70Error, BadInput
 from b70host.facts import collect_facts
@@ -35,7 +36,7 @@ DOCUMENTS = (("topology", "topology.json", "playbooks/host.yml"), ("image", "ima
 RUNTIME_PACKAGE = "libze-intel-gpu1"
 
 
-def read_document(path: str, stage: str) -> Dict[str, Any]:
+def read_document(path: str, stage: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
             document = json.load(handle)
@@ -48,7 +49,7 @@ def read_document(path: str, stage: str) -> Dict[str, Any]:
     return document
 
 
-def compute_runtime(runner: Any = subprocess.run) -> Optional[str]:
+def compute_runtime(runner: Any = subprocess.run) -> str | None:
     try:
         done = runner(["dpkg-query", "--show", "--showformat=${Version}", RUNTIME_PACKAGE], capture_output=True,
                       text=True, timeout=60, check=False)
@@ -59,8 +60,8 @@ def compute_runtime(runner: Any = subprocess.run) -> Optional[str]:
     return done.stdout.strip() or None
 
 
-def bundle(hostname: str, root: str = "/", etc_dir: str = "/etc/b70", require: Sequence[str] = ()) -> Dict[str, Any]:
-    collected: Dict[str, Any] = {"hostname": hostname, "facts": collect_facts(root),
+def bundle(hostname: str, root: str = "/", etc_dir: str = "/etc/b70", require: Sequence[str] = ()) -> dict[str, Any]:
+    collected: dict[str, Any] = {"hostname": hostname, "facts": collect_facts(root),
                                  "compute_runtime": compute_runtime()}
     for key, name, stage in DOCUMENTS:
         path = os.path.join(etc_dir, name)
@@ -70,7 +71,7 @@ def bundle(hostname: str, root: str = "/", etc_dir: str = "/etc/b70", require: S
     return collected
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Print what b70ctl host environment reads of this host, as JSON.")
     parser.add_argument("--hostname", required=True, help="the inventory's name for this host")
     parser.add_argument("--root", default="/", help="root prefix of the sysfs/procfs tree to read (default /)")

@@ -22,7 +22,7 @@ import re
 import stat
 import struct
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 SCHEMA_VERSION = 1
 INTEL_VENDOR_ID = 0x8086
@@ -30,7 +30,7 @@ XE_DRIVER = "xe"
 
 # PCI device id -> (short model, marketing name, die, nominal VRAM GiB). BMG-G31 ids e220-e223, BMG-G21 ids
 # e202, e209, e20b-e20d, e210-e212, e215, e216 (docs/facts.md, Hardware). Unnamed ids keep their die name.
-BATTLEMAGE_MODELS: Dict[int, Tuple[str, str, str, Optional[float]]] = {
+BATTLEMAGE_MODELS: dict[int, tuple[str, str, str, float | None]] = {
     0xE223: ("B70", "Intel Arc Pro B70", "BMG-G31", 32.0),
     0xE220: ("BMG-G31", "Intel Battlemage G31", "BMG-G31", None),
     0xE221: ("BMG-G31", "Intel Battlemage G31", "BMG-G31", None),
@@ -103,7 +103,7 @@ def _path(root: str, absolute: str) -> str:
 MAX_READ_BYTES = 16 * 2**20
 
 
-def _read_bytes(path: str) -> Optional[bytes]:
+def _read_bytes(path: str) -> bytes | None:
     try:
         handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
@@ -128,7 +128,7 @@ def _read_bytes(path: str) -> Optional[bytes]:
         os.close(handle)
 
 
-def _read_text(path: str) -> Optional[str]:
+def _read_text(path: str) -> str | None:
     raw = _read_bytes(path)
     if raw is None:
         return None
@@ -136,7 +136,7 @@ def _read_text(path: str) -> Optional[str]:
     return raw.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n").strip()
 
 
-def _read_hex(path: str) -> Optional[int]:
+def _read_hex(path: str) -> int | None:
     text = _read_text(path)
     if text is None:
         return None
@@ -146,7 +146,7 @@ def _read_hex(path: str) -> Optional[int]:
         return None
 
 
-def _read_int(path: str) -> Optional[int]:
+def _read_int(path: str) -> int | None:
     text = _read_text(path)
     if text is None:
         return None
@@ -156,14 +156,14 @@ def _read_int(path: str) -> Optional[int]:
         return None
 
 
-def _listdir(path: str) -> List[str]:
+def _listdir(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
     except OSError:
         return []
 
 
-def _link_problem(link: str) -> Optional[str]:
+def _link_problem(link: str) -> str | None:
     """Why an entry of /sys/bus/pci/devices cannot be followed (a dangling link, a loop), or None when it can."""
     try:
         os.stat(link)
@@ -195,7 +195,7 @@ def _id_file_problem(path: str) -> str:
     return "%s holds %r, not a hex id" % (path, text[:20])
 
 
-def _link_name(path: str) -> Optional[str]:
+def _link_name(path: str) -> str | None:
     """Last component of a symlink's target (e.g. the driver name of `.../driver`), or None."""
     try:
         return os.path.basename(os.readlink(path).rstrip("/"))
@@ -205,7 +205,7 @@ def _link_name(path: str) -> Optional[str]:
 
 # ---------------------------------------------------------------- parsers (pure)
 
-def parse_link_speed_gts(text: Optional[str]) -> Optional[float]:
+def parse_link_speed_gts(text: str | None) -> float | None:
     """'16.0 GT/s PCIe' (kernels >= 4.17) or '16 GT/s' -> 16.0; 'Unknown' -> None."""
     if not text:
         return None
@@ -213,9 +213,9 @@ def parse_link_speed_gts(text: Optional[str]) -> Optional[float]:
     return float(match.group(1)) if match else None
 
 
-def parse_resource_sizes(text: Optional[str]) -> Dict[int, int]:
+def parse_resource_sizes(text: str | None) -> dict[int, int]:
     """The `resource` file: one 'start end flags' line (hex) per BAR/ROM; returns {bar index: size in bytes}."""
-    sizes: Dict[int, int] = {}
+    sizes: dict[int, int] = {}
     if not text:
         return sizes
     for index, line in enumerate(text.splitlines()):
@@ -231,7 +231,7 @@ def parse_resource_sizes(text: Optional[str]) -> Dict[int, int]:
     return sizes
 
 
-def parse_resize_sizes_bytes(text: Optional[str]) -> List[int]:
+def parse_resize_sizes_bytes(text: str | None) -> list[int]:
     """`resourceN_resize`: bitmask of supported BAR sizes, bit n = 2^n MiB (pci_rebar_get_possible_sizes)."""
     if not text:
         return []
@@ -242,17 +242,17 @@ def parse_resize_sizes_bytes(text: Optional[str]) -> List[int]:
     return [(1 << bit) * 1024 * 1024 for bit in range(64) if mask & (1 << bit)]
 
 
-def parse_meminfo_total_bytes(text: Optional[str]) -> Optional[int]:
+def parse_meminfo_total_bytes(text: str | None) -> int | None:
     if not text:
         return None
     match = re.search(r"^MemTotal:\s+(\d+)\s+kB", text, re.MULTILINE)
     return int(match.group(1)) * 1024 if match else None
 
 
-def parse_cpuinfo(text: Optional[str]) -> Dict[str, Any]:
+def parse_cpuinfo(text: str | None) -> dict[str, Any]:
     """vendor_id and cpu family of the first processor in /proc/cpuinfo ('cpu family' is the kernel's x86 family,
     extended family included: 25 = 0x19 on Zen 3/4)."""
-    result: Dict[str, Any] = {"vendor_id": None, "family": None}
+    result: dict[str, Any] = {"vendor_id": None, "family": None}
     for line in (text or "").splitlines():
         if not line.strip():
             if result["vendor_id"] is not None:
@@ -267,7 +267,7 @@ def parse_cpuinfo(text: Optional[str]) -> Dict[str, Any]:
     return result
 
 
-def pcie_port_type(config: Optional[bytes]) -> Optional[str]:
+def pcie_port_type(config: bytes | None) -> str | None:
     """Device/port type from the PCI Express capability in config space, or None when not visible."""
     if not config or len(config) < 64:
         return None
@@ -287,7 +287,7 @@ def pcie_port_type(config: Optional[bytes]) -> Optional[str]:
     return None
 
 
-def acs_state(config: Optional[bytes]) -> Dict[str, Any]:
+def acs_state(config: bytes | None) -> dict[str, Any]:
     """ACS capability and control of a bridge from its config space.
 
     Extended config space (offset >= 0x100) is only readable by root: as non-root sysfs returns 64 bytes, and
@@ -319,13 +319,13 @@ def acs_state(config: Optional[bytes]) -> Dict[str, Any]:
     return {"state": "absent"}
 
 
-def parse_uc_info(text: Optional[str]) -> Optional[Dict[str, Any]]:
+def parse_uc_info(text: str | None) -> dict[str, Any] | None:
     """xe debugfs gtN/uc/{guc,huc}_info, as printed by xe_uc_fw_print:
     'GuC firmware: xe/bmg_guc_70.bin' / '\\tstatus: RUNNING' / '\\twanted release version 70.44.1' /
     '\\tfound release version 70.49.4' / '\\tfound compatibility version 1.24.0'."""
     if not text:
         return None
-    result: Dict[str, Any] = {"source": "debugfs"}
+    result: dict[str, Any] = {"source": "debugfs"}
     header = re.search(r"^(\w+) firmware: (\S*)", text, re.MULTILINE)
     if header:
         result["path"] = header.group(2)
@@ -338,7 +338,7 @@ def parse_uc_info(text: Optional[str]) -> Optional[Dict[str, Any]]:
     return result if "path" in result or "status" in result else None
 
 
-def parse_css_release_version(blob: Optional[bytes]) -> Optional[str]:
+def parse_css_release_version(blob: bytes | None) -> str | None:
     """Release version from a CSS-headed uC binary (GuC): sw_version at offset 64, major/minor/patch in bits
     23:16, 15:8, 7:0. Header integrity checked as the driver does; None for other layouts (GSC/CPD HuC) or
     compressed files."""
@@ -369,13 +369,13 @@ HUC_MANIFEST_ENTRY = "HUCP.man"
 HUC_FIRMWARE_ENTRY = "huc_fw"
 
 
-def is_cpd_blob(blob: Optional[bytes]) -> bool:
+def is_cpd_blob(blob: bytes | None) -> bool:
     """The driver's is_cpd_header (after parse_cpd_header's size check): a CPD header marker at offset 0."""
     return blob is not None and len(blob) >= GSC_CPD_HEADER_SIZE and \
         struct.unpack_from("<I", blob, 0)[0] == GSC_CPD_HEADER_MARKER
 
 
-def parse_cpd_release_version(blob: Optional[bytes], manifest_entry: str = HUC_MANIFEST_ENTRY) -> Optional[str]:
+def parse_cpd_release_version(blob: bytes | None, manifest_entry: str = HUC_MANIFEST_ENTRY) -> str | None:
     """Release version of a GSC/CPD-packaged uC binary (HuC since DG2/MTL): the fw_version major.minor.hotfix of
     the manifest the CPD entry `manifest_entry` points at, read with the checks of parse_cpd_header in Linux's
     drivers/gpu/drm/xe/xe_uc_fw.c (structs in xe_uc_fw_abi.h): the marker, header_length at least the header's
@@ -392,7 +392,7 @@ def parse_cpd_release_version(blob: Optional[bytes], manifest_entry: str = HUC_M
     header_length = blob[GSC_CPD_HEADER_LENGTH_OFFSET]
     if header_length < GSC_CPD_HEADER_SIZE or len(blob) < header_length + GSC_CPD_ENTRY_SIZE * entries:
         return None
-    offsets: Dict[bytes, int] = {}
+    offsets: dict[bytes, int] = {}
     for index in range(entries):
         start = header_length + index * GSC_CPD_ENTRY_SIZE
         name = blob[start:start + GSC_CPD_ENTRY_NAME_BYTES].split(b"\0", 1)[0]
@@ -409,7 +409,7 @@ def parse_cpd_release_version(blob: Optional[bytes], manifest_entry: str = HUC_M
     return "%d.%d.%d" % (major, minor, hotfix)
 
 
-def version_tuple(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
     if not text or not re.match(r"^\d+(\.\d+)*$", text):
         return None
     return tuple(int(part) for part in text.split("."))
@@ -417,7 +417,7 @@ def version_tuple(text: Optional[str]) -> Optional[Tuple[int, ...]]:
 
 # ---------------------------------------------------------------- PCI tree
 
-def _pci_device(root: str, address: str) -> Dict[str, Any]:
+def _pci_device(root: str, address: str) -> dict[str, Any]:
     """Identity of one PCI function and where it sits in the tree (its resolved /sys/devices path)."""
     link = _path(root, "/sys/bus/pci/devices/" + address)
     real = os.path.realpath(link)
@@ -443,16 +443,16 @@ def _pci_device(root: str, address: str) -> Dict[str, Any]:
     }
 
 
-def _root_bus_devices(root: str) -> Dict[str, Dict[str, Any]]:
+def _root_bus_devices(root: str) -> dict[str, dict[str, Any]]:
     """Per host bridge (pciDDDD:BB), the device the kernel's P2PDMA whitelist looks at (pci_host_bridge_dev in
     drivers/pci/p2pdma.c): the first device on the root bus when it is at devfn 00.0 or is a PCIe root port."""
-    bridges: Dict[str, Dict[str, Any]] = {}
+    bridges: dict[str, dict[str, Any]] = {}
     devices_dir = _path(root, "/sys/devices")
     for name in _listdir(devices_dir):
         if not HOST_BRIDGE_DIR.match(name):
             continue
         functions = sorted(entry for entry in _listdir(os.path.join(devices_dir, name)) if PCI_ADDRESS.match(entry))
-        entry: Dict[str, Any] = {"address": None, "pci_id": None, "reason": "no PCI device on the root bus"}
+        entry: dict[str, Any] = {"address": None, "pci_id": None, "reason": "no PCI device on the root bus"}
         if functions:
             first = os.path.join(devices_dir, name, functions[0])
             vendor, device = _read_hex(os.path.join(first, "vendor")), _read_hex(os.path.join(first, "device"))
@@ -468,7 +468,7 @@ def _root_bus_devices(root: str) -> Dict[str, Dict[str, Any]]:
     return bridges
 
 
-def _link(real: str) -> Dict[str, Any]:
+def _link(real: str) -> dict[str, Any]:
     current_speed = _read_text(os.path.join(real, "current_link_speed"))
     max_speed = _read_text(os.path.join(real, "max_link_speed"))
     return {
@@ -481,7 +481,7 @@ def _link(real: str) -> Dict[str, Any]:
     }
 
 
-def _bridge_entry(root: str, address: str) -> Dict[str, Any]:
+def _bridge_entry(root: str, address: str) -> dict[str, Any]:
     bridge = _pci_device(root, address)
     port_type = pcie_port_type(bridge["config"])
     on_board = bridge["vendor"] == INTEL_VENDOR_ID and bridge["device"] in BATTLEMAGE_BOARD_BRIDGE_IDS
@@ -496,7 +496,7 @@ def _bridge_entry(root: str, address: str) -> Dict[str, Any]:
     }
 
 
-def _bar(real: str, model_vram_gib: Optional[float]) -> Dict[str, Any]:
+def _bar(real: str, model_vram_gib: float | None) -> dict[str, Any]:
     """BAR 2 is the VRAM aperture of Intel discrete GPUs: 256 MiB = small BAR, VRAM-sized = resizable BAR on."""
     sizes = parse_resource_sizes(_read_text(os.path.join(real, "resource")))
     vram_bar_bytes = sizes.get(2)
@@ -516,7 +516,7 @@ def _bar(real: str, model_vram_gib: Optional[float]) -> Dict[str, Any]:
     }
 
 
-def _vram_bytes(real: str) -> Optional[int]:
+def _vram_bytes(real: str) -> int | None:
     """xe publishes physical VRAM per tile (tileN/physical_vram_size_bytes, newer kernels under tileN/memory/)."""
     total = 0
     for entry in _listdir(real):
@@ -530,9 +530,9 @@ def _vram_bytes(real: str) -> Optional[int]:
     return total or None
 
 
-def _drm_nodes(root: str) -> Dict[str, Dict[str, str]]:
+def _drm_nodes(root: str) -> dict[str, dict[str, str]]:
     """Map resolved PCI device path -> {'card': 'card0', 'render': 'renderD128'} from /sys/class/drm."""
-    nodes: Dict[str, Dict[str, str]] = {}
+    nodes: dict[str, dict[str, str]] = {}
     drm_dir = _path(root, "/sys/class/drm")
     for name in _listdir(drm_dir):
         kind = "card" if re.match(r"^card\d+$", name) else "render" if re.match(r"^renderD\d+$", name) else None
@@ -543,12 +543,12 @@ def _drm_nodes(root: str) -> Dict[str, Dict[str, str]]:
     return nodes
 
 
-def _by_path_names(root: str, address: str) -> List[str]:
+def _by_path_names(root: str, address: str) -> list[str]:
     prefix = "pci-%s-" % address
     return [name for name in _listdir(_path(root, "/dev/dri/by-path")) if name.startswith(prefix)]
 
 
-def _uc_firmware(root: str, address: str, card: Optional[str]) -> Optional[Dict[str, Any]]:
+def _uc_firmware(root: str, address: str, card: str | None) -> dict[str, Any] | None:
     """GuC/HuC state from debugfs (root only, mounted at /sys/kernel/debug). The per-device directory is named by
     PCI address on current kernels; older ones use the DRM minor number."""
     candidates = [address]
@@ -563,7 +563,7 @@ def _uc_firmware(root: str, address: str, card: Optional[str]) -> Optional[Dict[
     return None
 
 
-def decompress_firmware(blob: bytes, suffix: str) -> Optional[bytes]:
+def decompress_firmware(blob: bytes, suffix: str) -> bytes | None:
     """The file as the kernel loads it: .xz through lzma, .zst through Python's compression.zstd (3.14) or the
     zstd program (Ubuntu's linux-firmware ships .zst; zstd is in every Ubuntu install, initramfs-tools needs it).
     None when it cannot be read here: its release is then not known, never guessed."""
@@ -598,7 +598,7 @@ def decompress_firmware(blob: bytes, suffix: str) -> Optional[bytes]:
     return None
 
 
-def uc_release_version(name: str, blob: Optional[bytes]) -> Optional[str]:
+def uc_release_version(name: str, blob: bytes | None) -> str | None:
     """As the driver's parse_headers: a HuC is read as a CPD directory when it is one, else (and a GuC always) by
     its CSS header."""
     if "_huc" in name and is_cpd_blob(blob):
@@ -606,14 +606,14 @@ def uc_release_version(name: str, blob: Optional[bytes]) -> Optional[str]:
     return parse_css_release_version(blob)
 
 
-def _firmware_files(root: str, kernel_release: Optional[str] = None) -> Dict[str, Any]:
+def _firmware_files(root: str, kernel_release: str | None = None) -> dict[str, Any]:
     """Each Battlemage uC file the kernel would load, found in the firmware loader's order, with the release its
     header carries (compressed files decompressed as the kernel does)."""
     directories = [directory.format(release=kernel_release) for directory in FIRMWARE_DIRS
                    if kernel_release or "{release}" not in directory]
-    files: Dict[str, Any] = {}
+    files: dict[str, Any] = {}
     for name in FIRMWARE_FILES:
-        entry: Dict[str, Any] = {"present": False, "file": None, "path": None, "size_bytes": None,
+        entry: dict[str, Any] = {"present": False, "file": None, "path": None, "size_bytes": None,
                                  "release_version": None}
         found = next(((directory, suffix) for suffix in FIRMWARE_SUFFIXES for directory in directories
                       if os.path.isfile(_path(root, "%s/%s%s" % (directory, name, suffix)))), None)
@@ -629,7 +629,7 @@ def _firmware_files(root: str, kernel_release: Optional[str] = None) -> Dict[str
     return files
 
 
-def classify_integrated(host_bridge: Optional[str], ancestors: List[str], port_type: Optional[str]) -> Tuple[bool, str]:
+def classify_integrated(host_bridge: str | None, ancestors: list[str], port_type: str | None) -> tuple[bool, str]:
     """An integrated GPU is part of the root complex: the PCIe capability says 'Root Complex Integrated
     Endpoint' (Intel iGPUs at 00:02.0 do), or, when config space is not visible, the function sits directly on
     the host bridge's root bus with no bridge above it. A discrete card always sits behind at least a root port
@@ -643,7 +643,7 @@ def classify_integrated(host_bridge: Optional[str], ancestors: List[str], port_t
     return False, "behind %d PCI bridge(s)" % len(ancestors)
 
 
-def _gpu_entry(root: str, device: Dict[str, Any], drm: Dict[str, Dict[str, str]]) -> Dict[str, Any]:
+def _gpu_entry(root: str, device: dict[str, Any], drm: dict[str, dict[str, str]]) -> dict[str, Any]:
     real = device["real"]
     device_id = device["device"]
     model = BATTLEMAGE_MODELS.get(device_id) if device_id is not None else None
@@ -694,7 +694,7 @@ def _gpu_entry(root: str, device: Dict[str, Any], drm: Dict[str, Dict[str, str]]
     }
 
 
-def _warnings(gpus: List[Dict[str, Any]], firmware_files: Dict[str, Any]) -> List[str]:
+def _warnings(gpus: list[dict[str, Any]], firmware_files: dict[str, Any]) -> list[str]:
     warnings = []
     for gpu in gpus:
         where = "%s %s" % (gpu["model"], gpu["pci_address"])
@@ -722,14 +722,14 @@ def _warnings(gpus: List[Dict[str, Any]], firmware_files: Dict[str, Any]) -> Lis
     return warnings
 
 
-def collect_facts(root: str = "/", free_space_of: Optional[str] = None) -> Dict[str, Any]:
+def collect_facts(root: str = "/", free_space_of: str | None = None) -> dict[str, Any]:
     """Everything the plays and `b70ctl host` need about this host's GPUs, as a JSON-able dict. What could not be
     read is named in `warnings`: a tree without PCI devices, or a device whose identity is unreadable, must not
     pass for a host with no GPU. With `free_space_of` (the model store), also its free space (free_space below)."""
     drm = _drm_nodes(root)
-    discrete: List[Dict[str, Any]] = []
-    integrated: List[Dict[str, Any]] = []
-    unread: List[str] = []
+    discrete: list[dict[str, Any]] = []
+    integrated: list[dict[str, Any]] = []
+    unread: list[str] = []
     devices_dir = _path(root, "/sys/bus/pci/devices")
     if not os.path.isdir(devices_dir):
         unread.append("%s missing: no PCI devices could be read (is %s the root of a sysfs tree?)" % (
@@ -762,13 +762,13 @@ def collect_facts(root: str = "/", free_space_of: Optional[str] = None) -> Dict[
         gpu["level_zero_index"] = level_zero_index
     for gpu in discrete:
         gpu.setdefault("level_zero_index", None)
-    count_by_model: Dict[str, int] = {}
+    count_by_model: dict[str, int] = {}
     for gpu in discrete:
         count_by_model[gpu["model"]] = count_by_model.get(gpu["model"], 0) + 1
     kernel_release = _read_text(_path(root, "/proc/sys/kernel/osrelease"))
     firmware_files = _firmware_files(root, kernel_release.strip() if kernel_release else None)
     ram_total_bytes = parse_meminfo_total_bytes(_read_text(_path(root, "/proc/meminfo")))
-    facts: Dict[str, Any] = {
+    facts: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "root": root,
         "kernel_release": kernel_release,
@@ -792,7 +792,7 @@ def collect_facts(root: str = "/", free_space_of: Optional[str] = None) -> Dict[
     return facts
 
 
-def free_space(path: str) -> Dict[str, Any]:
+def free_space(path: str) -> dict[str, Any]:
     """The space a file written to `path` can take: the Available column of `df -P` (f_bavail blocks of
     f_frsize bytes, what an unprivileged writer may use) for the filesystem holding it, or holding its nearest
     existing parent while it is not created yet (the model store, before the first run makes it). A relative path
@@ -806,7 +806,7 @@ def free_space(path: str) -> Dict[str, Any]:
     return {"path": path, "measured_at": measured, "free_bytes": stats.f_bavail * stats.f_frsize}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Print this host's Intel GPU inventory as JSON (Ansible fact).")
     parser.add_argument("--root", default="/", help="root prefix of the sysfs/procfs tree to read (default /)")
     parser.add_argument("--free-space-of", metavar="PATH",

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 LOADER_ENV = "B70CTL_ZE_LOADER"
 LOADER_NAME = "libze_loader.so.1"
@@ -135,7 +135,7 @@ def result_name(code: int) -> str:
     return ZE_RESULT_NAMES.get(code & 0xFFFFFFFF, "ze_result_t 0x%08x" % (code & 0xFFFFFFFF))
 
 
-def loader_path(explicit: Optional[str] = None) -> str:
+def loader_path(explicit: str | None = None) -> str:
     return explicit or os.environ.get(LOADER_ENV) or LOADER_NAME
 
 
@@ -179,13 +179,13 @@ def _check(code: int, call: str) -> None:
         raise LevelZeroUnavailable("failed", "%s returned %s" % (call, result_name(code)))
 
 
-def _gpu_devices(library: Any, drivers_by_device: Dict[Any, Any]) -> List[Tuple[Any, str, str]]:
+def _gpu_devices(library: Any, drivers_by_device: dict[Any, Any]) -> list[tuple[Any, str, str]]:
     """(handle, PCI address, vendor:device) of every GPU of every driver; drivers_by_device gets each one's driver."""
     count = ctypes.c_uint32(0)
     _check(library.zeDriverGet(ctypes.byref(count), None), "zeDriverGet")
     drivers = (ctypes.c_void_p * count.value)()
     _check(library.zeDriverGet(ctypes.byref(count), drivers), "zeDriverGet")
-    devices: List[Tuple[Any, str, str]] = []
+    devices: list[tuple[Any, str, str]] = []
     for driver in drivers[:count.value]:
         device_count = ctypes.c_uint32(0)
         _check(library.zeDeviceGet(driver, ctypes.byref(device_count), None), "zeDeviceGet")
@@ -205,8 +205,8 @@ def _gpu_devices(library: Any, drivers_by_device: Dict[Any, Any]) -> List[Tuple[
     return devices
 
 
-def peer_access(pci_pairs: List[Tuple[str, str]], library_path: Optional[str] = None
-                ) -> Dict[Tuple[str, str], Dict[str, Any]]:
+def peer_access(pci_pairs: list[tuple[str, str]], library_path: str | None = None
+                ) -> dict[tuple[str, str], dict[str, Any]]:
     """For each (PCI address A, PCI address B): what the loader says about A accessing B and B accessing A.
     Raises LevelZeroUnavailable (status not_installed / init_failed / failed) when it cannot be asked."""
     path = loader_path(library_path)
@@ -215,9 +215,9 @@ def peer_access(pci_pairs: List[Tuple[str, str]], library_path: Optional[str] = 
     if code != ZE_RESULT_SUCCESS:
         raise LevelZeroUnavailable("init_failed", "zeInit(ZE_INIT_FLAG_GPU_ONLY) returned %s (is the xe driver "
                                                   "loaded and /dev/dri/renderD* readable?)" % result_name(code))
-    drivers: Dict[Any, Any] = {}
+    drivers: dict[Any, Any] = {}
     by_address = {address: handle for handle, address, _ in _gpu_devices(library, drivers)}
-    answers: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    answers: dict[tuple[str, str], dict[str, Any]] = {}
     for a, b in pci_pairs:
         if a not in by_address or b not in by_address:
             missing = [address for address in (a, b) if address not in by_address]
@@ -255,7 +255,7 @@ def peer_access(pci_pairs: List[Tuple[str, str]], library_path: Optional[str] = 
     return answers
 
 
-def _open_peer_memory(library: Any, driver: Any, owner: Any, peer: Any) -> Optional[str]:
+def _open_peer_memory(library: Any, driver: Any, owner: Any, peer: Any) -> str | None:
     """Allocate on owner, open its IPC handle on peer, release everything: None when it opened, else the failure."""
     context = ctypes.c_void_p()
     code = library.zeContextCreate(driver, ctypes.byref(ContextDesc(stype=ZE_STRUCTURE_TYPE_CONTEXT_DESC)),

@@ -172,12 +172,12 @@ def collect(model_dir: str | None, copy_benchmark: bool, models_json: str | None
     if model_dir is None and models_json is not None:
         try:
             model_dir = target_directory(models_json)
-        except Exception as error:  # whatever the record holds, the report goes on saying so
+        except Exception as error:  # noqa: BLE001 whatever the record holds, the report goes on saying so
             result["target_shape_unavailable"] = f"the model store's record: {error.__class__.__name__}: {error}"
     if model_dir is not None:
         try:
             result["target_shape"] = target_shape(model_dir)
-        except Exception as error:  # a config no loader would take, e.g. no attention heads: said, not a crash
+        except Exception as error:  # noqa: BLE001 a config no loader would take (no attention heads): said, not a crash
             result["target_shape_unavailable"] = f"{model_dir}: {error.__class__.__name__}: {error}"
     return result
 

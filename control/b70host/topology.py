@@ -34,8 +34,9 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Final, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Final, Literal
 
 from b70host import Refused, level_zero
 from b70host.facts import collect_facts
@@ -64,7 +65,7 @@ PROFILE_CHOICES = ("auto",) + PROFILES
 # drivers/crypto/intel/qat/qat_common/adf_accel_devices.h: QAT_4XXX 0x4940, 401XX 0x4942, 402XX 0x4944,
 # 420XX 0x4946, 6XXX 0x4948). (vendor, device or None for any, needs both devices on the same host bridge, name)
 P2PDMA_WHITELIST_SOURCE = "drivers/pci/p2pdma.c pci_p2pdma_whitelist[] at pci/pci.git cd2698d76c31"
-P2PDMA_HOST_BRIDGE_WHITELIST: Tuple[Tuple[int, Optional[int], bool, str], ...] = (
+P2PDMA_HOST_BRIDGE_WHITELIST: tuple[tuple[int, int | None, bool, str], ...] = (
     (0x8086, 0x3C00, True, "Intel Xeon E5/Core i7"),
     (0x8086, 0x3C01, True, "Intel Xeon E5/Core i7"),
     (0x8086, 0x2F00, True, "Intel Xeon E7 v3/Xeon E5 v3/Core i7"),
@@ -103,7 +104,7 @@ AMD_ZEN_FAMILY_MIN = 0x17
 # The oneCCL profiles: the single source of these env vars and docker flags (docs/facts.md, "P2P and the
 # no-P2P path"). `p2p` is the PR #620 recipe's set; `no-p2p` is the fallback confirmed on dual B70 without P2P
 # (CCL_TOPO_P2P_ACCESS=0 alone still failed with zeMemOpenIpcHandle errors in several reports).
-CCL_PROFILES: Dict[str, Dict[str, Any]] = {
+CCL_PROFILES: dict[str, dict[str, Any]] = {
     "p2p": {
         "description": "GPUs share a PCIe switch with ACS redirect off: oneCCL uses peer access over PCIe",
         "env": {
@@ -147,9 +148,9 @@ class Probe:
     __pydantic_config__ = _DOCUMENT_CONFIG
 
     status: ProbeStatus
-    command: List[str] = field(default_factory=list)
-    exit_code: Optional[int] = None
-    peak_gb_per_s: Optional[float] = None
+    command: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    peak_gb_per_s: float | None = None
     detail: str = ""
     # True only when the probe opened memory of one device from the other (what oneCCL's IPC path does); a
     # zeDeviceCanAccessPeer answer alone leaves it False.
@@ -165,17 +166,17 @@ class PairTopology:
     a_address: str
     b_address: str
     relation: Relation
-    common_bridge: Optional[str]
+    common_bridge: str | None
     acs: Acs
-    acs_redirect_bridges: List[str]
-    acs_unknown_bridges: List[str]
-    p2p_from_topology: Optional[bool]
-    p2p: Optional[bool]
+    acs_redirect_bridges: list[str]
+    acs_unknown_bridges: list[str]
+    p2p_from_topology: bool | None
+    p2p: bool | None
     reason: str
-    probe: Optional[Probe] = None
+    probe: Probe | None = None
     # the P2PDMA rule that decided: same-switch | amd-zen | whitelisted-host-bridge:V:D | refused: .. | unknown: ..
     # (None only in a schema-1 document, written before pairs named their rule)
-    rule: Optional[str] = None
+    rule: str | None = None
 
 
 @dataclass
@@ -184,24 +185,24 @@ class TopologyDecision:
     auto_profile: str
     profile_source: str  # auto | override
     tensor_parallel_size: int
-    group: List[int]
+    group: list[int]
     affinity_mask: str
-    reasons: List[str]
+    reasons: list[str]
     profile_reason: str = ""
 
 
 # ---------------------------------------------------------------- pure: pairs
 
-def _bridge_chain(gpu: Dict[str, Any]) -> List[Dict[str, Any]]:
+def _bridge_chain(gpu: dict[str, Any]) -> list[dict[str, Any]]:
     return list(gpu.get("parent_bridges") or [])
 
 
-def cpu_supports_p2pdma(cpu: Optional[Dict[str, Any]]) -> bool:
+def cpu_supports_p2pdma(cpu: dict[str, Any] | None) -> bool:
     cpu = cpu or {}
     return cpu.get("vendor_id") == AMD_VENDOR_ID and (cpu.get("family") or 0) >= AMD_ZEN_FAMILY_MIN
 
 
-def _whitelist_entry(pci_id: Optional[str]) -> Optional[Tuple[int, Optional[int], bool, str]]:
+def _whitelist_entry(pci_id: str | None) -> tuple[int, int | None, bool, str] | None:
     if not pci_id:
         return None
     vendor, device = (int(part, 16) for part in pci_id.split(":"))
@@ -211,8 +212,8 @@ def _whitelist_entry(pci_id: Optional[str]) -> Optional[Tuple[int, Optional[int]
     return None
 
 
-def host_bridge_whitelisted(host_a: Optional[str], host_b: Optional[str],
-                            host_bridge_devices: Dict[str, Dict[str, Any]]) -> Tuple[bool, str]:
+def host_bridge_whitelisted(host_a: str | None, host_b: str | None,
+                            host_bridge_devices: dict[str, dict[str, Any]]) -> tuple[bool, str]:
     """host_bridge_whitelist(): (allowed, the root-bus device ids looked at)."""
     ids = [(host_bridge_devices.get(host or "") or {}).get("pci_id") for host in (host_a, host_b)]
     same = host_a == host_b
@@ -224,8 +225,8 @@ def host_bridge_whitelisted(host_a: Optional[str], host_b: Optional[str],
     return True, ", ".join(str(value) for value in checked)
 
 
-def pair_topology(gpu_a: Dict[str, Any], gpu_b: Dict[str, Any], cpu: Optional[Dict[str, Any]] = None,
-                  host_bridge_devices: Optional[Dict[str, Dict[str, Any]]] = None) -> PairTopology:
+def pair_topology(gpu_a: dict[str, Any], gpu_b: dict[str, Any], cpu: dict[str, Any] | None = None,
+                  host_bridge_devices: dict[str, dict[str, Any]] | None = None) -> PairTopology:
     """P2PDMA's decision for one pair (calc_map_type_and_dist in drivers/pci/p2pdma.c)."""
     chain_a, chain_b = _bridge_chain(gpu_a), _bridge_chain(gpu_b)
     base = dict(a=gpu_a["index"], b=gpu_b["index"], a_address=gpu_a["pci_address"], b_address=gpu_b["pci_address"])
@@ -233,7 +234,7 @@ def pair_topology(gpu_a: Dict[str, Any], gpu_b: Dict[str, Any], cpu: Optional[Di
     amd_zen = cpu_supports_p2pdma(cpu)
     whitelisted, root_ids = host_bridge_whitelisted(host_a, host_b, host_bridge_devices or {})
 
-    def through_host_bridge() -> Tuple[Optional[bool], str]:
+    def through_host_bridge() -> tuple[bool | None, str]:
         if amd_zen:
             return True, "amd-zen"
         if whitelisted:
@@ -286,14 +287,14 @@ def pair_topology(gpu_a: Dict[str, Any], gpu_b: Dict[str, Any], cpu: Optional[Di
                         acs_unknown_bridges=unknown, p2p_from_topology=p2p, p2p=p2p, reason=reason, rule=rule, **base)
 
 
-def all_pairs(gpus: Sequence[Dict[str, Any]], cpu: Optional[Dict[str, Any]] = None,
-              host_bridge_devices: Optional[Dict[str, Dict[str, Any]]] = None) -> List[PairTopology]:
+def all_pairs(gpus: Sequence[dict[str, Any]], cpu: dict[str, Any] | None = None,
+              host_bridge_devices: dict[str, dict[str, Any]] | None = None) -> list[PairTopology]:
     return [pair_topology(a, b, cpu, host_bridge_devices) for a, b in itertools.combinations(gpus, 2)]
 
 
 # ---------------------------------------------------------------- pure: the decision
 
-def _group_p2p(group: Sequence[int], pairs_by_index: Dict[Tuple[int, int], PairTopology]) -> bool:
+def _group_p2p(group: Sequence[int], pairs_by_index: dict[tuple[int, int], PairTopology]) -> bool:
     return all(pairs_by_index[(a, b)].p2p is True for a, b in itertools.combinations(group, 2))
 
 
@@ -307,18 +308,18 @@ NOT_PROVEN = ("no probe opened peer memory between the GPUs: the kernel's P2PDMA
               "ze_peer -s 0 -d 1 and set --profile p2p when it passes")
 
 
-def _first_group(candidates: Sequence[int], size: int, accept: Any) -> Optional[List[int]]:
+def _first_group(candidates: Sequence[int], size: int, accept: Any) -> list[int] | None:
     for group in itertools.combinations(candidates, size):
         if accept(group):
             return list(group)
     return None
 
 
-def _accepted(gpu: Dict[str, Any], pci_ids: Sequence[str]) -> bool:
+def _accepted(gpu: dict[str, Any], pci_ids: Sequence[str]) -> bool:
     return not pci_ids or (gpu.get("pci_id") or "").lower() in {pci_id.lower() for pci_id in pci_ids}
 
 
-def decide(gpus: Sequence[Dict[str, Any]], pairs: List[PairTopology], tensor_parallel_size: Optional[int],
+def decide(gpus: Sequence[dict[str, Any]], pairs: list[PairTopology], tensor_parallel_size: int | None,
            profile_override: str = "auto", pci_ids: Sequence[str] = ()) -> TopologyDecision:
     """The oneCCL profile for a tensor-parallel group of xe-bound GPUs, chosen in PCI order. pci_ids (the recipe's
     host.gpu_pci_ids, vendor:device): only GPUs of those ids join the group, as host fit counts them."""
@@ -327,7 +328,7 @@ def decide(gpus: Sequence[Dict[str, Any]], pairs: List[PairTopology], tensor_par
     usable = [gpu["index"] for gpu in gpus if gpu.get("xe_bound") and _accepted(gpu, pci_ids)]
     size = tensor_parallel_size or max(len(usable), 1)
     pairs_by_index = {(pair.a, pair.b): pair for pair in pairs}
-    reasons: List[str] = []
+    reasons: list[str] = []
     unbound = [gpu["pci_address"] for gpu in gpus if not gpu.get("xe_bound")]
     if unbound:
         reasons.append("not bound to xe, not usable: %s" % ", ".join(unbound))
@@ -335,7 +336,7 @@ def decide(gpus: Sequence[Dict[str, Any]], pairs: List[PairTopology], tensor_par
                if gpu.get("xe_bound") and not _accepted(gpu, pci_ids)]
     if foreign:
         reasons.append("not of the recipe's PCI ids %s, not used: %s" % (", ".join(pci_ids), ", ".join(foreign)))
-    group: Optional[List[int]] = None
+    group: list[int] | None = None
     if not usable:
         auto = "no-p2p"
         reasons.append("no Intel GPU bound to xe: nothing to connect")
@@ -410,7 +411,7 @@ def apply_probe(pair: PairTopology, probe: Probe) -> None:
 
 # ---------------------------------------------------------------- the whole analysis (facts -> document)
 
-def device_nodes(gpu: Dict[str, Any]) -> List[str]:
+def device_nodes(gpu: dict[str, Any]) -> list[str]:
     """The card's DRM nodes by their /dev/dri/by-path names: minor numbers follow probe order (simpledrm can take
     card0; B70 owners report them as card2/card3), the PCI address does not; llm-scaler maps GPUs by path."""
     nodes = []
@@ -420,8 +421,8 @@ def device_nodes(gpu: Dict[str, Any]) -> List[str]:
     return nodes
 
 
-def analyse(facts: Dict[str, Any], tensor_parallel_size: Optional[int] = None, profile: str = "auto",
-            probe: str = "auto", ze_loader: Optional[str] = None, pci_ids: Sequence[str] = ()) -> Dict[str, Any]:
+def analyse(facts: dict[str, Any], tensor_parallel_size: int | None = None, profile: str = "auto",
+            probe: str = "auto", ze_loader: str | None = None, pci_ids: Sequence[str] = ()) -> dict[str, Any]:
     """The topology document: pairs, the chosen group and profile, the profile's env and docker flags.
     probe: 'auto' asks the Level Zero loader (ze_loader, else $B70CTL_ZE_LOADER, else libze_loader.so.1) about the
     candidate group's pairs; 'never' keeps the kernel rule's answer alone. A missing loader or a failing zeInit
@@ -429,7 +430,7 @@ def analyse(facts: Dict[str, Any], tensor_parallel_size: Optional[int] = None, p
     gpus = facts["gpus"]
     pairs = all_pairs(gpus, facts.get("cpu"), facts.get("host_bridge_devices"))
     tool = level_zero.loader_path(ze_loader)
-    probe_state: Dict[str, Any] = {"tool": tool, "status": "skipped", "detail": None}
+    probe_state: dict[str, Any] = {"tool": tool, "status": "skipped", "detail": None}
     if probe != "never":
         pairs_by_index = {(pair.a, pair.b): pair for pair in pairs}
         candidate = decide(gpus, pairs, tensor_parallel_size, pci_ids=pci_ids).group
@@ -486,14 +487,14 @@ def analyse(facts: Dict[str, Any], tensor_parallel_size: Optional[int] = None, p
     }
 
 
-def group_addresses(document: Dict[str, Any]) -> List[str]:
+def group_addresses(document: dict[str, Any]) -> list[str]:
     """The PCI addresses of the document's group, in group order: what a fallback record is keyed by (indices
     follow PCI order and can shift when a card is added; addresses do not)."""
     by_index = {gpu["index"]: gpu["pci_address"] for gpu in document.get("gpus", [])}
     return [by_index[index] for index in document.get("group", []) if index in by_index]
 
 
-def fallback_record(document: Dict[str, Any], signature: str, evidence: str, at: str) -> Dict[str, Any]:
+def fallback_record(document: dict[str, Any], signature: str, evidence: str, at: str) -> dict[str, Any]:
     """What the serve gate keeps when the group's p2p start died at `signature` (a catalogue id whose fix is the
     no-p2p profile), with the log line that showed it and when."""
     if document.get("profile") != "p2p":
@@ -503,8 +504,8 @@ def fallback_record(document: Dict[str, Any], signature: str, evidence: str, at:
             "group": group_addresses(document), "signature": signature, "evidence": evidence.strip()[:500], "at": at}
 
 
-def apply_fallback(document: Dict[str, Any], record: Optional[Dict[str, Any]],
-                   path: str = FALLBACK_PATH) -> Dict[str, Any]:
+def apply_fallback(document: dict[str, Any], record: dict[str, Any] | None,
+                   path: str = FALLBACK_PATH) -> dict[str, Any]:
     """The document with no-p2p in place of p2p when `record` (a fallback record) names this group's cards; the
     document unchanged otherwise (no record, another group, or not p2p). The profile's env and docker flags follow
     (CCL_PROFILES); profile_reason says what died, when, and how to try p2p again."""
@@ -518,7 +519,7 @@ def apply_fallback(document: Dict[str, Any], record: Optional[Dict[str, Any]],
                 ccl_env=dict(chosen["env"]), docker_args=list(chosen["docker_args"]), fallback=dict(record))
 
 
-def read_fallback(path: str) -> Optional[Dict[str, Any]]:
+def read_fallback(path: str) -> dict[str, Any] | None:
     """The fallback record at `path`; None when there is none. A record that cannot be read is refused: serving
     p2p again past it would repeat the start that died."""
     try:
@@ -535,11 +536,11 @@ def read_fallback(path: str) -> Optional[Dict[str, Any]]:
     return record
 
 
-def render_document(document: Dict[str, Any]) -> str:
+def render_document(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
-def write_topology(root: str, document: Dict[str, Any]) -> bool:
+def write_topology(root: str, document: dict[str, Any]) -> bool:
     """Write <root>/etc/b70/topology.json atomically; False (nothing written) when the content is unchanged, so a
     second run reports changed=false. b70ctl's own writer is files.py; this file runs on hosts without b70ctl."""
     target = os.path.join(root, TOPOLOGY_PATH.lstrip("/"))
@@ -590,9 +591,9 @@ def _write_failure(error: OSError) -> str:
     return "%s (%s)" % (error.strerror, where) if where else str(error.strerror or error)
 
 
-def topology(root: str = "/", tensor_parallel_size: Optional[int] = None, profile: str = "auto",
-             probe: str = "auto", write: bool = False, ze_loader: Optional[str] = None,
-             pci_ids: Sequence[str] = (), fallback_path: Optional[str] = None) -> Dict[str, Any]:
+def topology(root: str = "/", tensor_parallel_size: int | None = None, profile: str = "auto",
+             probe: str = "auto", write: bool = False, ze_loader: str | None = None,
+             pci_ids: Sequence[str] = (), fallback_path: str | None = None) -> dict[str, Any]:
     """Read facts under root, decide, optionally write; the result carries `changed` (Ansible convention). A
     tensor-parallel group larger than the host's usable GPUs is never written: the server could not start on it.
     fallback_path: the serve gate's record (FALLBACK_PATH on a host); when it names the group, no-p2p."""
@@ -619,7 +620,7 @@ def _is_pci_id(text: str) -> bool:
                                    for part in parts)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Decide PCIe P2P and the oneCCL profile; print JSON.")
     parser.add_argument("--root", default="/")
     parser.add_argument("--profile", default="auto", choices=PROFILE_CHOICES)

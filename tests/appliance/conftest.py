@@ -14,12 +14,12 @@ test runs: the hosts serve real vLLM, and left up they would starve the real-vLL
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from provision import Appliance, PlaybookRun, run_playbook, start_hosts, run_testhosts
+from provision import Appliance, PlaybookRun, run_playbook, run_testhosts, start_hosts
 from store_fixtures import hub, hub_env, registry  # noqa: F401 - the model-store fixtures, as the unit tests have them
 
 HOST_PREFIX = "b70-app"

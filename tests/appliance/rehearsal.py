@@ -23,10 +23,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision import REPO_ROOT, HostUnderTest, PlaybookRun, make_dri_nodes, on, run_playbook, write_inventory
-from provision import run_testhosts
-
-from b70ctl.verify.embedded import default_cache_dir
 from b70ctl.errors import BadInput
 from b70ctl.image.build import host_ca_bundle, local_wheel_dirs, pinned_torch, torch_wheel
 from b70ctl.image.patches import sha256_file
@@ -34,6 +30,17 @@ from b70ctl.lock.model import load_recipe_and_lock
 from b70ctl.models.tiny import TinySpec, generate
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.rehearsal import recipe_overlay
+from b70ctl.verify.embedded import default_cache_dir
+from provision import (
+    REPO_ROOT,
+    HostUnderTest,
+    PlaybookRun,
+    make_dri_nodes,
+    on,
+    run_playbook,
+    run_testhosts,
+    write_inventory,
+)
 
 B70CTL = Path(sys.executable).parent / "b70ctl"
 # Each rehearsed recipe's stand-in base (images/standins/<name>/: Dockerfile, layout.yaml).
@@ -145,8 +152,9 @@ def dspark_drafter(target_dir: Path, out: Path) -> None:
     if (out / "model.safetensors").is_file():
         return
     sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
-    from dspark_port import tiny_dspark_config, tiny_dspark_state_dict
     from safetensors.torch import save_file
+
+    from dspark_port import tiny_dspark_config, tiny_dspark_state_dict
 
     config = tiny_dspark_config(json.loads((target_dir / "config.json").read_text()))
     partial = out.with_name(out.name + ".partial")

@@ -20,13 +20,23 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from debianset import B70CTL, TEST_HOST_MATRIX, TEST_HOST_SERIES
-from provision import (FIXTURE_ROOT, REPO_ROOT, Appliance, assert_recap, give_hardware, on, restart_host, run_playbook,
-                       start_hosts, run_testhosts)
+from provision import (
+    FIXTURE_ROOT,
+    REPO_ROOT,
+    Appliance,
+    assert_recap,
+    give_hardware,
+    on,
+    restart_host,
+    run_playbook,
+    run_testhosts,
+    start_hosts,
+)
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1200)]
 

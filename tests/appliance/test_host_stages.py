@@ -32,7 +32,7 @@ def test_first_run_changes_the_hosts_and_fails_nothing(provisioned) -> None:
 
 
 def test_b70_fact_is_installed_and_reads_the_fixture_tree(host) -> None:
-    test_host, remote = host
+    _test_host, remote = host
     fact = remote.file("/etc/ansible/facts.d/b70.fact")
     assert fact.is_file and fact.mode & 0o111
     facts = json.loads(remote.check_output("/etc/ansible/facts.d/b70.fact"))
@@ -169,7 +169,7 @@ def test_every_stage_in_full_is_idempotent(provisioned) -> None:
 
 
 def test_a_drifted_host_runs_the_stage_in_full_and_is_put_back(provisioned) -> None:
-    appliance, names, _ = provisioned
+    appliance, _names, _ = provisioned
     drifted = appliance.host(1)
     remote = on(drifted.name)
     topology = remote.file("/etc/b70/topology.json").content_string

@@ -25,15 +25,24 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from b70ctl.recipes import load_recipe
-from provision import (DRM_MAJOR, REPO_ROOT, Appliance, HostUnderTest, assert_recap, make_dri_nodes, on,
-                       run_playbook, start_hosts)
-from provision import run_testhosts
+from provision import (
+    DRM_MAJOR,
+    REPO_ROOT,
+    Appliance,
+    HostUnderTest,
+    assert_recap,
+    make_dri_nodes,
+    on,
+    run_playbook,
+    run_testhosts,
+    start_hosts,
+)
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(1800)]
 
@@ -104,7 +113,7 @@ def recording_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     try:
         hosts, ssh_key = start_hosts(HOST_PREFIX, HOST_SUBNET, SCENARIOS, work_dir,
                                      fresh=os.environ.get("B70_KEEP_TESTHOSTS") != "1")
-        image_id, archive = build_stand_in(work_dir)
+        image_id, _archive = build_stand_in(work_dir)
         yield Appliance(hosts, ssh_key, work_dir), image_id
     finally:
         if os.environ.get("B70_KEEP_TESTHOSTS") != "1":

@@ -15,15 +15,14 @@ import os
 import re
 import shlex
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.rehearsal import recipe_overlay
-from provision import REPO_ROOT, HostUnderTest, assert_recap, on, start_hosts
-from provision import run_testhosts
+from provision import REPO_ROOT, HostUnderTest, assert_recap, on, run_testhosts, start_hosts
 from rehearsal import API_KEY, B70CTL, PORT, STANDINS, Rehearsal, forget_serving, rehearse, started_line
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]

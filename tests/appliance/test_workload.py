@@ -20,18 +20,16 @@ import pytest
 import testinfra
 import yaml
 
-from provision import REPO_ROOT, Appliance, HostUnderTest, PlaybookRun, assert_recap, on, run_playbook, serving_pid
-
-from store_fixtures import write_recipe
-
+from b70ctl.checks.client import Endpoint, VllmClient
 from b70ctl.lock.model import load_recipe_and_lock
 from b70ctl.lock.resolve import resolve_and_write
-from b70ctl.checks.client import Endpoint, VllmClient
 from b70ctl.models.record import ModelsRecord
 from b70ctl.recipes import load_recipe
 from b70ctl.tune.cli import _appliance_host
 from b70ctl.tune.run import candidates_of
 from b70ctl.tune.unit import SshShell, SystemdUnitServing, host_shell
+from provision import REPO_ROOT, Appliance, HostUnderTest, PlaybookRun, assert_recap, on, run_playbook, serving_pid
+from store_fixtures import write_recipe
 
 pytestmark = [pytest.mark.appliance, pytest.mark.timeout(2400)]
 

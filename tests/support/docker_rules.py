@@ -44,13 +44,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_HEAD(self) -> None:  # noqa: N802 - http.server's naming
+    def do_HEAD(self) -> None:
         self._answer(200, b"")
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._answer(200, b"OK" if self.path.endswith("/_ping") else b"{}")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if "/containers/create" in self.path:
             self.server.created.append(json.loads(body))
@@ -61,7 +61,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def address_string(self) -> str:
         return "unix"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 

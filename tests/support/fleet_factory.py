@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ MAJORITY_ENVIRONMENT: dict[str, Any] = {
 STARTED_AT = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
 
 
-@lru_cache(maxsize=None)
+@cache
 def shipped_recipe(name: str) -> Recipe:
     """Parsing the recipe's YAML took most of a report's generation: read once per recipe (never modified)."""
     return load_recipe(name)

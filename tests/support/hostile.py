@@ -218,7 +218,7 @@ class QuietHandler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's own name
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def send_json(self, status: int, body: Any) -> None:
@@ -245,7 +245,7 @@ class LoopbackServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
-    def __enter__(self):  # noqa: ANN204 - the subclass itself
+    def __enter__(self):
         self.thread.start()
         return self
 

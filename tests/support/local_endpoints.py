@@ -56,11 +56,11 @@ class _Server:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_HEAD(self) -> None:  # noqa: N802
+            def do_HEAD(self) -> None:
                 server._record(self, "HEAD")
                 server.handle(self, "HEAD")
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 server._record(self, "GET")
                 server.handle(self, "GET")
 

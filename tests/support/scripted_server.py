@@ -13,12 +13,12 @@ loaded API server or a proxy can, while the histograms still tell when the engin
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx

@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 
+from b70ctl.redact import forget_secrets
 from image_fixtures import started_engine
 from scripted_server import ScriptedServer
 from store_fixtures import hub, hub_env, registry  # noqa: F401 - the store tests' fixtures, for every module here
-
-from b70ctl.redact import forget_secrets
 
 
 @pytest.fixture(autouse=True)

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from image_fixtures import SERIES
-from rehearsal import STANDINS, build_standin, image_id
 
 from b70ctl.cli import main
 from b70ctl.image.build import LABEL_BASE_DIGEST, LABEL_SERIES_SHA256, LABEL_VLLM_VERSION
 from b70ctl.image.patches import load_series
 from b70ctl.recipes import load_recipe
+from image_fixtures import SERIES
+from rehearsal import STANDINS, build_standin, image_id
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,13 +8,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer.main
-from fleet_factory import make_report, write_host
-from scripted_server import ScriptedServer
-
-from pathlib import Path
 
 from b70ctl import __version__
 from b70ctl.fleet.analysis import aggregate
@@ -22,6 +19,8 @@ from b70ctl.fleet.render import render_markdown as render_fleet
 from b70ctl.recipes import load_recipe
 from b70ctl.report.markdown import render_markdown
 from b70ctl.report.model import Environment
+from fleet_factory import make_report, write_host
+from scripted_server import ScriptedServer
 
 
 def b70ctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

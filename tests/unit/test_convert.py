@@ -145,7 +145,7 @@ def test_unconvertible_configs_fail_naming_the_field(models, tmp_path, change, m
 
 def test_versions_without_native_dspark_are_refused(models, tmp_path):
     src, target = models
-    with pytest.raises(BadInput, match="vLLM 0.21.1.dev0 has no native DSpark"):
+    with pytest.raises(BadInput, match=r"vLLM 0.21.1.dev0 has no native DSpark"):
         convert(src, tmp_path / "out", "0.21.1.dev0", target)
 
 
@@ -224,7 +224,7 @@ def test_vllm_resolves_the_converted_drafter_to_qwen3_dspark(models, tmp_path):
 # "num_speculative_tokens above the drafter's block size collapses acceptance (k=7 on a block-5 drafter: 4.4%,
 # k=5: 34.7%)". dspark-int4-tp1 serves k=7 and tunes k 4..7 (docs/facts.md, Doopeworld recipe).
 def test_convert_with_a_recipe_refuses_a_drafter_whose_block_is_below_the_recipes_k(models, tmp_path):
-    src, target = models
+    src, _target = models
     (src / "config.json").write_text(json.dumps(drafter_config(block_size=5)))
     done = subprocess.run([B70CTL, "model", "convert", str(src), str(tmp_path / "out"), "--recipe",
                            "dspark-int4-tp1"], capture_output=True, text=True)

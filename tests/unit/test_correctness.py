@@ -30,10 +30,10 @@ from b70ctl.checks.correctness import (
     record_reference,
     run_correctness,
 )
-from b70ctl.report.measurements import correctness_measurements
 from b70ctl.errors import BadInput
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import CorrectnessSettings, Probe, Recipe
+from b70ctl.report.measurements import correctness_measurements
 
 
 # -- a scripted vLLM -------------------------------------------------------------------------------------------
@@ -412,7 +412,7 @@ def test_record_reference_writes_nothing_when_the_server_fails(recipe, tmp_path)
 def test_record_reference_where_no_file_can_be_written(recipe, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(BadInput, match="cannot write reference file .*: choose a writable path"):
+    with pytest.raises(BadInput, match=r"cannot write reference file .*: choose a writable path"):
         record_reference(client_for(ScriptedVllm(NATURAL)), recipe, blocker / "r.json")
 
 

@@ -10,7 +10,7 @@ import re
 import socket
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -397,8 +397,8 @@ def test_unit_and_kernel_commands() -> None:
     assert unit_log_argv("b70-vllm") == ["journalctl", "--unit", "b70-vllm", "--no-pager", "--output", "short-iso",
                                          "--lines", "3000"]
     window = log_window(UNIT_JOURNAL)
-    assert window == (datetime(2026, 11, 30, 9, 0, 5, tzinfo=timezone.utc),
-                      datetime(2026, 11, 30, 9, 3, 40, tzinfo=timezone.utc))
+    assert window == (datetime(2026, 11, 30, 9, 0, 5, tzinfo=UTC),
+                      datetime(2026, 11, 30, 9, 3, 40, tzinfo=UTC))
     assert kernel_log_argv(window) == ["journalctl", "-k", "--no-pager", "--output", "short-iso",
                                        "--since", "2026-11-30 08:55:05 UTC", "--until", "2026-11-30 09:08:40 UTC",
                                        "--lines", "2000"]

@@ -63,7 +63,7 @@ def test_a_failure_expects_an_entry_unless_its_log_cannot_show_the_fix() -> None
     for entry in FAILURES:
         if entry["expect"]:
             continue
-        assert entry["thread_fix"] and entry["fix_mentions"] or not thread_settled(entry), entry["id"]
+        assert (entry["thread_fix"] and entry["fix_mentions"]) or not thread_settled(entry), entry["id"]
         named = [match.id for match in diagnose(entry).failures if not match.generic]
         assert not named, f"{entry['url']}: a specific fix {named} where the log shows none"
 

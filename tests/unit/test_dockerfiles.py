@@ -17,7 +17,6 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from b70ctl.cli import main
-from image_fixtures import DIGEST, SERIES, resolved_lock
 from b70ctl.errors import BadInput, Refused
 from b70ctl.image.build import (
     LABEL_BASE_DIGEST,
@@ -33,6 +32,7 @@ from b70ctl.image.build import (
 from b70ctl.image.patches import load_series
 from b70ctl.lock.model import load_lock_file, lock_path_for
 from b70ctl.recipes import load_recipe, load_recipe_file
+from image_fixtures import DIGEST, SERIES, resolved_lock
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((REPO / "images").glob("*/Dockerfile"))
@@ -198,7 +198,7 @@ def test_dspark_on_v1_runner_or_old_vllm_is_refused_before_any_build(tmp_path, m
 
 def test_a_series_for_another_vllm_is_refused():
     recipe = load_recipe("pr620-fp8-tp2").model_copy(update={"vllm_version": "0.22.0"})
-    with pytest.raises(BadInput, match="written against 0.21.0"):
+    with pytest.raises(BadInput, match=r"written against 0.21.0"):
         refuse_known_bad(recipe, load_series(SERIES))
 
 

@@ -7,20 +7,29 @@ The expectations are the scripts' own timings, which the server reports through 
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 
 import pytest
-from scripted_server import Script, ScriptedServer, SpecPerRequest
-from scripted_server import client_for, recipe_with, short_recipe, verify_scripted, workload
 
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import run_throughput
-from b70ctl.report.measurements import throughput_measurements
 from b70ctl.errors import BadInput
 from b70ctl.recipes.model import Claim
 from b70ctl.report.load import read_report
+from b70ctl.report.measurements import throughput_measurements
+from scripted_server import (
+    Script,
+    ScriptedServer,
+    SpecPerRequest,
+    client_for,
+    recipe_with,
+    short_recipe,
+    verify_scripted,
+    workload,
+)
 
 # 33 tokens from the engine over 0.64 s (first to last token): 32 / 0.64 = 50 tok/s, whatever the delivery.
 STEADY = Script(ttft_s=0.1, offsets_s=[0.02 * k for k in range(33)], tokens_per_chunk=[1] * 33)
@@ -104,7 +113,7 @@ def test_itl_is_per_token_not_per_chunk(server, tmp_path):
 
         raw = json.loads((tmp_path / short.requests[0].raw_file).read_text())
         chunks = [(chunk["t_s"], len(chunk["token_ids"])) for chunk in raw["chunks"] if chunk["token_ids"]]
-        gaps = [(t - t_before) / n for (t_before, _), (t, n) in zip(chunks, chunks[1:]) for _ in range(n)]
+        gaps = [(t - t_before) / n for (t_before, _), (t, n) in itertools.pairwise(chunks) for _ in range(n)]
         assert short.itl_ms.n == len(gaps) == 10
         assert short.itl_ms.median_ms == pytest.approx(float(numpy.median(gaps)) * 1000, rel=1e-9)
         assert short.itl_ms.p99_ms == pytest.approx(float(numpy.percentile(gaps, 99)) * 1000, rel=1e-9)

@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import b70host
 import pytest
 
 import b70ctl
+import b70host
 from b70ctl import errors
 
 B70CTL = Path(sys.executable).parent / "b70ctl"

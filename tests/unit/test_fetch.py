@@ -187,7 +187,7 @@ def _fetch_in_child(recipe_file: Path, dest: Path, env: dict[str, str], file_siz
 
 
 def test_disk_full_leaves_a_partial_and_the_rerun_resumes_it(locked, hub, tmp_path):
-    recipe, lock, recipe_file = locked
+    _recipe, lock, recipe_file = locked
     dest = tmp_path / "models"
     env = dict(os.environ, HF_HUB_DISABLE_PROGRESS_BARS="1")
     size = lock.target.file("model.safetensors").size_bytes
@@ -246,7 +246,7 @@ def test_local_directory_source_verifies_and_quarantines(locked, tmp_path):
             (copy_source / role / name).write_bytes(data)
     (copy_source / "drafter" / "config.json").write_text('{"vocab_size": 1}')
     dest = tmp_path / "host"
-    with pytest.raises(FetchFailed, match="drafter/config.json: sha256 "):
+    with pytest.raises(FetchFailed, match=r"drafter/config.json: sha256 "):
         fetch(recipe, lock, dest, source="local", source_dir=copy_source)
     assert (copy_source / "drafter" / "config.json").read_text() == '{"vocab_size": 1}'  # the source is untouched
     assert _tree(dest / "target") == _expected(target_files())
@@ -254,11 +254,10 @@ def test_local_directory_source_verifies_and_quarantines(locked, tmp_path):
 
 def test_generated_models_follow_the_locked_spec(tmp_path):
     """cpu-tiny: fetch generates on the host (a short spec keeps this fast) and links target/ and drafter/."""
-    from b70ctl.lock.resolve import resolve_lock
-    from b70ctl.recipes import load_recipe_file
     import yaml
 
-    from b70ctl.recipes import recipe_path
+    from b70ctl.lock.resolve import resolve_lock
+    from b70ctl.recipes import load_recipe_file, recipe_path
 
     data = yaml.safe_load(recipe_path("cpu-tiny").read_text())
     data["tiny"] = {"seed": 7, "train_steps": 2, "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,

@@ -145,7 +145,7 @@ def published(name: str) -> tuple[list[str], dict[str, str]]:
 
 @pytest.mark.parametrize("name", ["mtp3-int4-tp2", "mtp8-fp8-tp2", "mtp4-int4-tp1"])
 def test_the_recipe_serves_the_published_command_line(name: str) -> None:
-    published_argv, published_env = published(name)
+    published_argv, _published_env = published(name)
     # The published host is one where the record ran with prefix caching on: a host whose gate probe passed.
     command = render_serve(load_recipe(name), CONTEXT.model_copy(update={"prefix_cache_probe_passed": True}))
     served = normalized(options(command.argv))

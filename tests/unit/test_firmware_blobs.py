@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from b70ctl.verify.embedded import default_cache_dir
 from b70ctl.host.fit import PlayHost, play_fit
 from b70ctl.host.kernel import kernel_plan
 from b70ctl.host.releases import load_matrix
 from b70ctl.recipes import load_recipe
+from b70ctl.verify.embedded import default_cache_dir
 from b70host.facts import collect_facts, uc_release_version
 from sysfs_trees import build_tree
 

@@ -6,6 +6,11 @@ import json
 from datetime import timedelta
 
 import pytest
+
+from b70ctl.errors import BadInput
+from b70ctl.fleet import stats
+from b70ctl.fleet.analysis import aggregate
+from b70ctl.fleet.model import FleetReport, RecipeFleet
 from fleet_factory import (
     CORRUPT_HOST,
     DSPARK,
@@ -30,10 +35,6 @@ from fleet_factory import (
     write_host,
 )
 
-from b70ctl.errors import BadInput
-from b70ctl.fleet import stats
-from b70ctl.fleet.analysis import aggregate
-from b70ctl.fleet.model import FleetReport, RecipeFleet
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory) -> FleetReport:

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from fleet_factory import environment_for, make_report, to_schema_0
 
 from b70ctl.errors import BadInput
 from b70ctl.report.load import (
@@ -18,6 +17,7 @@ from b70ctl.report.load import (
     read_report,
     upgrade_report_json,
 )
+from fleet_factory import environment_for, make_report, to_schema_0
 
 
 @pytest.fixture(scope="module")

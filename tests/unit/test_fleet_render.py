@@ -13,6 +13,11 @@ from urllib.parse import unquote
 from xml.etree import ElementTree
 
 import pytest
+
+from b70ctl import svg
+from b70ctl.fleet import render
+from b70ctl.fleet.analysis import aggregate, build_fleet_report
+from b70ctl.fleet.model import FleetReport
 from fleet_factory import (
     NO_P2P_HOSTS,
     SLOW_HOST,
@@ -22,11 +27,6 @@ from fleet_factory import (
     synthetic_fleet,
     write_host,
 )
-
-from b70ctl import svg
-from b70ctl.fleet import render
-from b70ctl.fleet.analysis import aggregate, build_fleet_report
-from b70ctl.fleet.model import FleetReport
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +282,7 @@ process.stdout.write(JSON.stringify(orders));
 
 
 def test_markdown_summary_first_then_hosts_needing_attention(rendered):
-    report, paths = rendered
+    _report, paths = rendered
     markdown = paths["fleet.md"].read_text()
     lines = markdown.splitlines()
     assert lines[0] == "# Fleet replication report"
@@ -355,7 +355,7 @@ def fleet_of_size(request, tmp_path_factory) -> tuple[dict, str, str]:
 
 
 def test_fleet_md_fits_a_github_issue_at_any_size(fleet_of_size):
-    fleet, markdown, _ = fleet_of_size
+    _fleet, markdown, _ = fleet_of_size
     assert len(markdown) < 65_536  # GitHub's limit for an issue or comment body, in characters
     assert len(markdown) <= render.MARKDOWN_BUDGET
     assert markdown.startswith("# Fleet replication report\n")

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from fleet_factory import make_report, synthetic_fleet, write_host
-
 from b70ctl.fleet import render
 from b70ctl.fleet.analysis import aggregate, build_fleet_report
 from b70ctl.fleet.model import FleetReport, HostTune
 from b70ctl.tune.model import Figures, FinalComparison, TuneReport
+from fleet_factory import make_report, synthetic_fleet, write_host
 
 FINISHED = datetime(2026, 12, 1, 6, 30, tzinfo=UTC)
 

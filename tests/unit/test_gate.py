@@ -23,13 +23,13 @@ from b70ctl.checks.gate import (
     run_gate,
     save_answers,
 )
-from b70ctl.report.measurements import gate_measurements
+from b70ctl.escaping import markdown_code
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import CorrectnessSettings, Recipe
-from b70ctl.escaping import markdown_code
 from b70ctl.report.html import render_html
 from b70ctl.report.load import load_report
 from b70ctl.report.markdown import render_markdown
+from b70ctl.report.measurements import gate_measurements
 from b70ctl.report.model import CorrectnessResult, GateResult, PromptComparison
 from b70ctl.verify.pipeline import VerifyRequest, verify
 from hostile import LoopbackServer, QuietHandler
@@ -93,14 +93,14 @@ def decode(tokens: list[int]) -> str:
 
 class _Handler(QuietHandler):
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 BaseHTTPRequestHandler's name
         gate: GateServer = self.server.gate  # type: ignore[attr-defined]
         if self.path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [{"id": gate.model, "object": "model"}]})
         else:
             self.send_json(404, {"detail": "Not Found"})
 
-    def do_POST(self) -> None:
+    def do_POST(self) -> None:  # noqa: N802 BaseHTTPRequestHandler's name
         gate: GateServer = self.server.gate  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if body.get("model") != gate.model:
@@ -136,7 +136,7 @@ def served(recipe: Recipe, **behaviour: Any) -> Iterator[tuple[GateServer, VllmC
         yield server, client
 
 
-def check(result: GateResult, name: str):  # noqa: ANN201 - a GateCheck
+def check(result: GateResult, name: str):
     return next(found for found in result.checks if found.name == name)
 
 
@@ -323,7 +323,7 @@ def test_greedy_identity_cites_correctness_and_the_recipes_claim() -> None:
 
 
 # -- in verify -----------------------------------------------------------------------------------------------------
-def _verify(recipe: Recipe, tmp_path: Path, **behaviour: Any):  # noqa: ANN202 - a Report
+def _verify(recipe: Recipe, tmp_path: Path, **behaviour: Any):
     with GateServer(recipe.serve.served_model_name) as target:
         reference = tmp_path / "reference.json"
         with VllmClient(Endpoint(target.url, model=recipe.serve.served_model_name)) as client:

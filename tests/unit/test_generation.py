@@ -290,7 +290,7 @@ class AnyItem(jinja2.Undefined):
     def __str__(self) -> str:
         return "*"
 
-    def __getattr__(self, name: str) -> "AnyItem":
+    def __getattr__(self, name: str) -> AnyItem:
         if name.startswith("__"):
             raise AttributeError(name)
         return self

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from typer.testing import CliRunner
 
 from b70ctl.cli import app

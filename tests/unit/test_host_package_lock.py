@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from debianset import machine_indexes  # the appliance's own reading of the machine's sources
 import yaml
 from debian import deb822
 
 from b70ctl.lock.debcache import DEFAULT_LOCK, http_get, load_debs_lock
 from b70ctl.lock.debs import satisfies
+from debianset import machine_indexes  # the appliance's own reading of the machine's sources
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +44,7 @@ class Mirror:
         mirror = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 body = mirror.files.get(self.path.lstrip("/"))
                 if body is None:
                     self.send_error(404)

@@ -11,8 +11,8 @@ are bounds a row must stay within, never measurements: no assertion is on timing
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import resource
 import signal
 import socket

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hostile import Invocation, run_b70ctl, snapshot
-from hostile import GOOD_URL, Case, run_case
+from hostile import GOOD_URL, Case, Invocation, run_b70ctl, run_case, snapshot
 
 
 @pytest.fixture(autouse=True)

@@ -36,8 +36,8 @@ from hostile import (
     run_case,
     snapshot,
 )
-from systemd_words import systemd_split, systemd_verify_root
 from store_fixtures import DRAFTER_REPO, IMAGE_REFERENCE, TARGET_REPO, drafter_files, sha256, target_files, write_recipe
+from systemd_words import systemd_split, systemd_verify_root
 
 
 @pytest.fixture(autouse=True)
@@ -790,7 +790,7 @@ def test_hostile_values_in_the_unit_are_escaped(name, tmp_path):
     verified = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}", str(unit)],
                               capture_output=True, text=True, timeout=60)
     problems = [line for line in verified.stderr.splitlines()
-                if str(unit) in line and "Failed to" not in line or "Unknown" in line or "Invalid" in line
+                if (str(unit) in line and "Failed to" not in line) or "Unknown" in line or "Invalid" in line
                 or "bad" in line.lower()]
     assert verified.returncode == 0 and not problems, verified.stderr
 

@@ -14,10 +14,10 @@ import json
 from collections.abc import Callable
 
 import pytest
-from fleet_factory import make_report, write_host
-from hostile import LoopbackServer, QuietHandler, assert_left_clean, assert_one_line_error, run_b70ctl, snapshot
 
 from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
+from fleet_factory import make_report, write_host
+from hostile import LoopbackServer, QuietHandler, assert_left_clean, assert_one_line_error, run_b70ctl, snapshot
 
 SECRET = "sk-hostile-lows-41a9"
 MODEL = "tiny-qwen3"

@@ -5,10 +5,10 @@ fake servers on loopback whose answers hold the corpus."""
 from __future__ import annotations
 
 import io
-import os
-import stat
 import json
+import os
 import re
+import stat
 import types
 import typing
 from html.parser import HTMLParser
@@ -179,10 +179,9 @@ def _poisoned(value: Any, annotation: Any, hostile: str) -> Any:
 
 
 def _full_report() -> tuple[Any, Any]:
-    from fleet_factory import make_report
-
     from b70ctl.recipes import load_recipe
     from b70ctl.report.model import DiagnosedFailure
+    from fleet_factory import make_report
 
     report = make_report("cpu-tiny", "b70-a")
     report.passed = False
@@ -219,10 +218,9 @@ def Report_annotation() -> Any:  # noqa: N802 - reads as the type it stands for
 
 
 def test_report_html_and_fleet_md_keep_their_structure_whatever_each_string_holds(tmp_path):
-    from fleet_factory import write_host
-
     from b70ctl.redact import without_controls
     from b70ctl.report.html import render_html
+    from fleet_factory import write_host
 
     report, recipe = _full_report()
     page = without_controls(render_html(_poisoned(report, Report_annotation(), EVERYTHING),

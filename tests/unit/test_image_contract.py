@@ -43,8 +43,8 @@ from b70ctl.cli import app
 from b70ctl.recipes import load_recipe
 from b70host.topology import TOPOLOGY_PATH, topology
 from docker_rules import container_process, created_container, image_start
-from systemd_words import systemd_split
 from sysfs_trees import build_tree
+from systemd_words import systemd_split
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"

@@ -46,7 +46,7 @@ class Invocation:
 def test_resolve_pins_commit_files_and_image_digest(hub_env, tmp_path):
     hub, registry = hub_env
     recipe_file = write_recipe(tmp_path)
-    recipe, outcome = resolve_and_write(str(recipe_file))
+    _recipe, outcome = resolve_and_write(str(recipe_file))
     lock = outcome.lock
     assert outcome.written and lock.resolved and outcome.unresolved == {}
     assert outcome.lock_path == tmp_path / "store-test.lock.json"
@@ -126,7 +126,7 @@ def test_offline_resolve_keeps_network_pins_whose_inputs_did_not_change(hub_env,
 
 def test_shipped_b70_locks_are_explicitly_unresolved_and_refused():
     for name in ("pr620-fp8-tp2", "dspark-int4-tp1"):
-        recipe, lock, path = load_recipe_and_lock(name)
+        _recipe, lock, path = load_recipe_and_lock(name)
         assert path == recipe_path(name).with_name(f"{name}.lock.json")
         assert lock.resolved is False
         assert {"image", "target", "drafter"} <= set(lock.unresolved_fields())
@@ -166,7 +166,7 @@ def test_lock_that_claims_resolved_without_pins_is_refused(tmp_path):
     data = lock.model_dump(mode="json")
     data["target"]["revision"] = "0" * 40  # a revision on an unresolved pin: half-invented
     path.write_text(json.dumps(data))
-    with pytest.raises(BadInput, match="target: .*must not carry a revision"):
+    with pytest.raises(BadInput, match=r"target: .*must not carry a revision"):
         load_lock_file(path)
 
 

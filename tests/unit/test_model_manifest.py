@@ -61,7 +61,7 @@ def test_manifest_of_fetched_models_takes_the_locked_hashes_and_reads_no_weight(
 
 
 def test_manifest_hashes_a_weight_changed_after_fetch(fetched):
-    lock, dest = fetched
+    _lock, dest = fetched
     weight = dest / "target" / "model.safetensors"
     data = bytearray(weight.read_bytes())
     data[-1] ^= 0xFF

@@ -12,8 +12,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from fleet_factory import make_report, write_host
 from packaging.requirements import Requirement
+
+from fleet_factory import make_report, write_host
 
 REPO = Path(__file__).resolve().parents[2]
 APPLIANCE_MODULES = ("ansible", "docker", "paramiko", "huggingface_hub", "dockerfile_parse")
@@ -87,8 +88,9 @@ def test_the_bootstrapped_venv_carries_the_bytecode_python_reads():
     import importlib.util
 
     import ansible.plugins.strategy.linear
-    import b70ctl.cli
     import typer
+
+    import b70ctl.cli
 
     sources = [Path(module.__file__) for module in (ansible.plugins.strategy.linear, b70ctl.cli, typer)]
     sources.append(REPO / "roles" / "generation" / "action_plugins" / "b70_generation.py")

@@ -27,7 +27,6 @@ from b70ctl.image.patches import (
     pristine_source,
     sha256_file,
 )
-
 from dspark_port import (
     TINY_DSPARK,
     ensure_vllm_runtime,
@@ -472,7 +471,7 @@ def test_unexpected_and_missing_head_keys_are_refused(ported_drafter):
         model.load_weights(iter({**state, "markov_head.markov_w3.weight": state["markov_head.markov_w2.weight"]}
                                 .items()))
     without_markov = {k: v for k, v in state.items() if not k.startswith("markov_head.")}
-    with pytest.raises(ValueError, match="markov_head.markov_w1.weight"):
+    with pytest.raises(ValueError, match=r"markov_head.markov_w1.weight"):
         model.load_weights(iter(without_markov.items()))
 
 
@@ -570,6 +569,6 @@ def test_a_wheel_with_the_wrong_hash_is_refused_and_not_cached(tmp_path, monkeyp
     impostor = tmp_path / "impostor.whl"
     impostor.write_bytes(b"not the pinned wheel")
     monkeypatch.setattr(patches.subprocess, "run", _fake_pip(impostor, []))
-    with pytest.raises(Refused, match="has sha256 .* pinned b3517d55"):
+    with pytest.raises(Refused, match=r"has sha256 .* pinned b3517d55"):
         patches.pristine_wheel("0.21.0", cache_dir=tmp_path / "cache")
     assert list((tmp_path / "cache" / "wheels").iterdir()) == []

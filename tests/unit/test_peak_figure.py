@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import re
 
-from fleet_factory import make_report, shipped_recipe
-
 from b70ctl.fleet.collect import workload_figures
 from b70ctl.report.html import render_html
 from b70ctl.report.load import measurements_of
 from b70ctl.report.markdown import render_markdown
 from b70ctl.report.model import PEAK_LABEL, RequestSample, Summary
 from b70ctl.report.verdict import judge_all
+from fleet_factory import make_report, shipped_recipe
 
 RECIPE = "pr620-fp8-tp2"
 

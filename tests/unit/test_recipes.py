@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from b70ctl.errors import BadInput
-from b70ctl.recipes.model import Claim
 from b70ctl.recipes import load_recipe, load_recipe_file, recipe_names, recipe_path
+from b70ctl.recipes.model import Claim
 
 
 def test_shipped_recipes_load():

@@ -8,12 +8,12 @@ from html.parser import HTMLParser
 from xml.etree import ElementTree
 
 import pytest
+
+from b70ctl.report.html import render_html
+from b70ctl.verify import run_dir as run_dir_module
+from b70ctl.verify.pipeline import verify
 from fleet_factory import make_report, shipped_recipe
 from scripted_server import SHORT_RATE, request_for, scripted_recipe
-
-from b70ctl.verify import run_dir as run_dir_module
-from b70ctl.report.html import render_html
-from b70ctl.verify.pipeline import verify
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -3,9 +3,8 @@ it: the host's installed one is not what vLLM runs inside the container."""
 
 from __future__ import annotations
 
-from fleet_factory import make_report, shipped_recipe
-
 from b70ctl.report.markdown import render_markdown
+from fleet_factory import make_report, shipped_recipe
 
 
 def test_the_report_names_the_images_umd():

@@ -104,7 +104,7 @@ def test_build_selects_the_variant_by_its_build_argument_and_tag() -> None:
 
 
 def test_a_variant_that_cannot_be_built_is_refused() -> None:
-    with pytest.raises(BadInput, match="has no image variant 'runtime-9.99'"):
+    with pytest.raises(BadInput, match=r"has no image variant 'runtime-9.99'"):
         plan_build(load_recipe(RECIPE), resolved_lock(RECIPE), REPO, variant="runtime-9.99")
     # llm-scaler's older runtime: the recipe says why not.
     (older,) = load_recipe("pr620-fp8-tp2").image.variants
@@ -116,7 +116,7 @@ def test_a_variant_that_cannot_be_built_is_refused() -> None:
 def test_a_dockerfile_without_the_runtime_is_refused(tmp_path: Path) -> None:
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN true\n")
-    with pytest.raises(BadInput, match="installs no compute runtime 26.35.39758.10"):
+    with pytest.raises(BadInput, match=r"installs no compute runtime 26.35.39758.10"):
         variant_runtime(load_recipe(RECIPE), VARIANT, dockerfile)
     # Declared, but no packages pinned for this runtime.
     dockerfile.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nARG COMPUTE_RUNTIME=\nRUN case x in 26.27) ;; esac\n")

@@ -12,13 +12,13 @@ import time
 
 import httpx
 import pytest
-from scripted_server import Script, ScriptedServer, SpecPerRequest, client_for, recipe_with, workload
 
 from b70ctl.checks.client import Endpoint, VllmClient
 from b70ctl.checks.smoke import run_smoke
-from b70ctl.report.stats import decode_tok_s
 from b70ctl.checks.throughput import run_throughput
 from b70ctl.report.measurements import throughput_measurements
+from b70ctl.report.stats import decode_tok_s
+from scripted_server import Script, ScriptedServer, SpecPerRequest, client_for, recipe_with, workload
 
 # 14 chunks 0.15 s apart after a 2 s TTFT: 1 token, six of 5, three of 9 (the burst), four of 3 = 70 tokens.
 # Decode: 69 tokens over 1.95 s. Peak: a 1 s window from chunk k holds chunks k..k+6 (0.9 s < 1 s <= 1.05 s,

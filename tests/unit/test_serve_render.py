@@ -26,8 +26,8 @@ from b70ctl.errors import BadInput
 from b70ctl.host_documents import TopologyDocument, load_topology
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import LocalServer, bound_cores
-from b70ctl.serve.unit import env_file_text
 from b70ctl.serve.render import ServeCommand, ServeContext, render_container, render_serve, render_xpu_container
+from b70ctl.serve.unit import env_file_text
 from b70host.topology import TOPOLOGY_PATH, TopologyRefused, topology
 from sysfs_trees import build_tree
 

@@ -34,7 +34,7 @@ print("\\n".join(f"{key}={value}" for key, value in state.items()))
 class Health(BaseHTTPRequestHandler):
     status = 200
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.send_response(self.status if self.path == "/health" else 404)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -134,7 +134,7 @@ def test_a_unit_that_dies_while_starting_ends_the_wait_long_before_the_timeout(w
 
 
 def test_restarted_units_count_by_nrestarts_and_deaths_sets_how_many_stop_it(world) -> None:
-    serve, set_units, run = world
+    _serve, set_units, run = world
     set_units(b70_vllm=active(restarts=0))
     process = run("--timeout", "600", "--deaths", "2", servers=servers(b70_vllm=1))
     run.read_states(1)

@@ -224,10 +224,9 @@ def test_each_layout_is_the_one_its_upstream_dockerfile_gives(standin: Path) -> 
 def test_every_rehearsed_recipe_has_a_stand_in_of_the_base_its_recipe_builds_on() -> None:
     """The rehearsal's stand-ins (tests/appliance/rehearsal.py STANDINS) are named for the base the recipe's lock
     builds on, and each reproduces that base (layout.yaml's image)."""
-    from rehearsal import STANDINS as REHEARSED
-
     from b70ctl.recipes import load_recipe
     from b70ctl.serve.rehearsal import load_overlay
+    from rehearsal import STANDINS as REHEARSED
 
     assert set(REHEARSED) == set(load_overlay().recipes)
     for recipe, name in REHEARSED.items():

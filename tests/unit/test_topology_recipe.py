@@ -17,8 +17,17 @@ from b70ctl.host.fit import host_fit
 from b70ctl.host.memory import usable_gpus
 from b70ctl.recipes import load_recipe
 from b70host.facts import collect_facts
-from b70host.topology import (CCL_PROFILES, TOPOLOGY_PATH, PairTopology, Probe, TopologyRefused, all_pairs, analyse,
-                              decide, topology)
+from b70host.topology import (
+    CCL_PROFILES,
+    TOPOLOGY_PATH,
+    PairTopology,
+    Probe,
+    TopologyRefused,
+    all_pairs,
+    analyse,
+    decide,
+    topology,
+)
 from host_package import host_module
 from sysfs_trees import REPO, build_tree
 

@@ -119,7 +119,7 @@ def test_budget_is_respected_when_it_stops_the_halving(tmp_path):
 
 def test_a_candidate_failing_correctness_is_out_whatever_its_speed(tmp_path):
     measure = FakeMeasure({**RATES, 5: [1000.0]}, wrong=frozenset({5}))
-    result, state = search(tmp_path, measure)
+    result, _state = search(tmp_path, measure)
     assert [call for call in measure.calls if call[0] == 5] == [(5, "round-0", 1)]
     assert all(json.loads(key)["num_speculative_tokens"] != 5 for r in result.rounds for key in r.kept)
     assert k_of(result.winner) == 2
@@ -132,7 +132,7 @@ def test_an_interrupted_search_resumes_measuring_only_what_is_left(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         search(tmp_path / "cut", first)
     second = FakeMeasure(RATES)
-    resumed, state = search(tmp_path / "cut", second)
+    resumed, _state = search(tmp_path / "cut", second)
     assert first.calls + second.calls == uninterrupted.calls  # nothing measured twice, nothing skipped
     assert second.calls[0] == (3, "round-1", 2)
     assert resumed.winner == expected.winner and resumed.rounds == expected.rounds
@@ -390,8 +390,8 @@ def test_the_command_end_to_end_stopped_then_resumed(tmp_path, monkeypatch):
     143 keeping the measurements; the same command then resumes and prints tune.json with --json."""
     from typer.testing import CliRunner
 
-    import b70ctl.verify.embedded
     import b70ctl.tune.serving
+    import b70ctl.verify.embedded
     from b70ctl.cli import app
     from b70ctl.stops import Terminated
 
@@ -527,7 +527,7 @@ def test_a_race_is_refused_before_anything_starts_when_it_cannot_be_run(tmp_path
         race_plan([CPU_TINY, CPU_TINY])
     with pytest.raises(BadInput, match="runs on xpu hosts, cpu-tiny on cpu"):
         race_plan([CPU_TINY, load_recipe("mtp3-int4-tp2")])
-    with pytest.raises(BadInput, match="none of the raced recipes .* has a tune section"):
+    with pytest.raises(BadInput, match=r"none of the raced recipes .* has a tune section"):
         race_plan([NGRAM_RECIPE, TARGET_ONLY])
 
 
@@ -550,7 +550,7 @@ def test_a_race_over_the_appliance_unit_refuses_a_recipe_whose_image_and_models_
             return super().run(argv, stdin)
 
     unit = SystemdUnitServing(load_recipe("pr620-fp8-tp2"), host, NoRaceDirectory())
-    with pytest.raises(BadInput, match="--recipe mtp8-fp8-tp2 needs image .*, and b70-a holds no "
+    with pytest.raises(BadInput, match=r"--recipe mtp8-fp8-tp2 needs image .*, and b70-a holds no "
                                        "/etc/b70/race/mtp8-fp8-tp2/: race it with playbooks/tune.yml"):
         unit.serving_of(load_recipe("mtp8-fp8-tp2"))
     cpu = SystemdUnitServing(CPU_TINY, host, NoRaceDirectory())

@@ -25,15 +25,13 @@ from b70ctl.host.environment import HostBundle
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import free_port
 from b70ctl.serve.render import render_container
-from b70ctl.tune.run import run_tune
 from b70ctl.serve.unit import ServingContainer
-from b70ctl.tune.unit import (ApplianceHost, HostCommandFailed, LocalShell, SshShell, SystemdUnitServing,
-                             host_shell)
 from b70ctl.stops import Terminated, sigterm_ends_the_run
-from scripted_server import ScriptedServer
-from systemd_words import systemd_split, systemd_verify_root
+from b70ctl.tune.run import run_tune
+from b70ctl.tune.unit import ApplianceHost, HostCommandFailed, LocalShell, SshShell, SystemdUnitServing, host_shell
 from hostile import HOSTILE_UNIT_VALUES, render_unit
-from scripted_server import steady_script
+from scripted_server import ScriptedServer, steady_script
+from systemd_words import systemd_split, systemd_verify_root
 from tune_scripts import RECIPE, SERVED_RATES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -321,11 +319,11 @@ def test_a_raced_recipe_runs_the_image_and_models_tune_yml_installed_for_it(host
                                      "image": plain.image.model_copy(update={"tag": "elsewhere"})})
     emulated, appliance = host_factory()
     unit = SystemdUnitServing(RECIPE, appliance, emulated, poll_s=0.05)
-    with pytest.raises(BadInput, match="needs image .*, and tiny-1 holds no /etc/b70/race/cpu-tiny-elsewhere/"):
+    with pytest.raises(BadInput, match=r"needs image .*, and tiny-1 holds no /etc/b70/race/cpu-tiny-elsewhere/"):
         unit.serving_of(other)
     install_raced(emulated, "cpu-tiny-other-recipe")
     emulated.path("/etc/b70/race/cpu-tiny-other-recipe").rename(emulated.path("/etc/b70/race/cpu-tiny-elsewhere"))
-    with pytest.raises(BadInput, match="image.json is recipe cpu-tiny-other-recipe's image, not cpu-tiny-elsewhere's"):
+    with pytest.raises(BadInput, match=r"image.json is recipe cpu-tiny-other-recipe's image, not cpu-tiny-elsewhere's"):
         unit.serving_of(other)
     for stale in emulated.path("/etc/b70/race/cpu-tiny-elsewhere").iterdir():
         stale.unlink()

@@ -204,7 +204,7 @@ def test_lock_resolve_pins_the_vendor_commit_and_sha256(tmp_path, monkeypatch):
     requests: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             requests.append(self.path)
             ok = self.path == f"/intel/llm-scaler/{commit}/vllm/patches/vllm_for_multi_arc.patch"
             self.send_response(200 if ok else 404)

@@ -14,7 +14,6 @@ from b70ctl.recipes.model import Claim
 from b70ctl.verify.pipeline import VerifyRequest, verify
 from scripted_server import SHORT_RATE, Script, ScriptedServer, request_for, scripted_recipe
 
-
 IMPOSSIBLE = Claim(id="impossible", description="too fast", metric="throughput.short.decode_tok_s.median",
                    op=">=", value=1e9, source="test")
 ACCEPTANCE = Claim(id="acceptance", description="acceptance", metric="throughput.short.acceptance_rate",

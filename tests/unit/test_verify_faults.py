@@ -15,12 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from scripted_server import Script, ScriptedServer
-from scripted_server import short_recipe, verify_scripted
 
 from b70ctl.checks.client import Endpoint, EndpointError, VllmClient
 from b70ctl.errors import BadInput
 from b70ctl.verify.run_dir import RunDirectory
+from scripted_server import Script, ScriptedServer, short_recipe, verify_scripted
 
 SLOW = Script(ttft_s=0.05, offsets_s=[0.1 * k for k in range(33)], tokens_per_chunk=[1] * 33)  # 3.2 s a request
 

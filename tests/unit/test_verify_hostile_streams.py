@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-from hostile import assert_one_line_error, run_b70ctl
-from scripted_server import Script, ScriptedServer, _Handler
-from scripted_server import recipe_with, workload
 
 from b70ctl.recipes.model import Claim
+from hostile import assert_one_line_error, run_b70ctl
+from scripted_server import Script, ScriptedServer, _Handler, recipe_with, workload
 
 # 33 tokens over 0.64 s of engine time, delivered on time: 50 tok/s on both clocks.
 STEADY = Script(ttft_s=0.05, offsets_s=[0.02 * k for k in range(33)], tokens_per_chunk=[1] * 33)
@@ -56,13 +55,13 @@ class HostileHandler(_Handler):
             self.close_connection = True
 
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 BaseHTTPRequestHandler's name
         if self.path == "/v1/models" and self.server.models_body is not None:
             self._send_text(200, self.server.models_body, "application/json")
             return
         super().do_GET()
 
-    def do_POST(self) -> None:
+    def do_POST(self) -> None:  # noqa: N802 BaseHTTPRequestHandler's name
         if self.path == "/tokenize" and self.server.tokenize_body is not None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             self._send_text(200, self.server.tokenize_body, "application/json")
@@ -71,7 +70,7 @@ class HostileHandler(_Handler):
 
 
 class HostileServer(ScriptedServer):
-    events = {
+    events: ClassVar[dict[str, str]] = {
         "list": "[1, 2, 3]",
         "choices-string": '{"choices": "none"}',
         "nested": "[" * 100_000 + "]" * 100_000,
@@ -266,7 +265,7 @@ def test_an_engine_rate_above_the_hosts_bandwidth_bound_makes_the_workload_unmea
     outcome = run_b70ctl(_verify(hostile, tmp_path, "--check", "throughput",
                                  "--roofline-inputs", _roofline_inputs(tmp_path, 1e9)))
     assert_one_line_error(outcome, 1, "")
-    report, markdown = _report(tmp_path)
+    report, _markdown = _report(tmp_path)
     error = report["throughput"]["workloads"][0]["error"]
     assert error.startswith("unmeasurable: request 1's engine decode rate") and "bandwidth bound" in error
     assert report["verdicts"][0]["verdict"] == "not_measured" and "bandwidth bound" in report["verdicts"][0]["reason"]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from b70ctl.checks.client import Endpoint
-from b70ctl.verify.embedded import default_cache_dir, ensure_models, start_servers
 from b70ctl.recipes import load_recipe
 from b70ctl.serve.local import LocalServer
+from b70ctl.verify.embedded import default_cache_dir, ensure_models, start_servers
 
 VARIANTS = ["baseline", "draft-exact", "draft-perturbed", "ngram"]
 LOG_TAIL_LINES = 40

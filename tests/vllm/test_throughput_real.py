@@ -4,6 +4,7 @@ independently from the raw snapshots the check kept. No timing is asserted (the 
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -12,8 +13,8 @@ import pytest
 from b70ctl.checks.client import VllmClient
 from b70ctl.checks.smoke import run_smoke
 from b70ctl.checks.throughput import run_throughput
-from b70ctl.report.measurements import throughput_measurements
 from b70ctl.recipes.model import Recipe, Workload
+from b70ctl.report.measurements import throughput_measurements
 from b70ctl.report.model import ThroughputResult, WorkloadResult
 
 
@@ -97,7 +98,7 @@ def assert_acceptance_matches_metrics(workload: WorkloadResult, raw_dir: Path) -
     assert spec.per_position_acceptance == pytest.approx(expected)
     # A draft token is accepted only if every one before it was: the rates never rise with position.
     rates = spec.per_position_acceptance
-    assert all(later <= earlier + 1e-12 for earlier, later in zip(rates, rates[1:]))
+    assert all(later <= earlier + 1e-12 for earlier, later in itertools.pairwise(rates))
 
 
 def test_baseline_serves_and_counts_tokens_exactly(endpoints, cpu_tiny, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,7 +74,7 @@ def test_perturbed_draft_acceptance_falls_with_position(perturbed_report):
     rates = natural.per_position_acceptance
     assert len(rates) == 4
     assert natural.acceptance_rate < 0.95
-    assert all(earlier >= later for earlier, later in zip(rates, rates[1:])), rates
+    assert all(earlier >= later for earlier, later in itertools.pairwise(rates)), rates
     assert rates[0] > rates[-1]
     # Per-position rates are accepted-at-position / drafts: their sum is the accepted tokens per draft.
     assert sum(rates) == pytest.approx(natural.num_accepted_tokens / natural.num_drafts, rel=1e-9)
@@ -85,7 +86,7 @@ def test_greedy_with_perturbed_draft_is_identical_to_baseline(perturbed_report):
 
 
 def test_every_request_is_timed_on_the_engines_clock(perturbed_report):
-    report, out = perturbed_report
+    report, _out = perturbed_report
     for workload in report.throughput.workloads:
         assert workload.timing_source == "engine", (workload.name, workload.timing_note)
         for sample in workload.requests:

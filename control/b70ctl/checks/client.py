@@ -33,7 +33,7 @@ def request_deadline_s(timeout_s: float, max_tokens: int | None) -> float:
     return timeout_s + (max_tokens or 0) / FLOOR_DECODE_TOK_S
 
 
-class RunDeadlineExceeded(CheckAborted):  # noqa: N818 - named like Terminated, which it ends the run as
+class RunDeadlineExceeded(CheckAborted):
     """The run's --deadline passed: the run ends with the report marked partial, naming the deadline."""
 
     def __init__(self, deadline_s: float):
@@ -41,11 +41,11 @@ class RunDeadlineExceeded(CheckAborted):  # noqa: N818 - named like Terminated, 
         self.deadline_s = deadline_s
 
 
-class RequestDeadlineExceeded(Exception):  # noqa: N818
+class RequestDeadlineExceeded(Exception):
     pass
 
 
-class MalformedEvent(Exception):  # noqa: N818
+class MalformedEvent(Exception):
     """A stream event that is not the OpenAI shape: the request is unusable, the run goes on."""
 
 

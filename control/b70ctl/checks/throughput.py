@@ -31,16 +31,6 @@ from b70ctl.checks.metrics import (
     spec_decode_stats,
     timing_lines,
 )
-from b70ctl.report.stats import (
-    converged,
-    decode_tok_s,
-    delivery_check,
-    median,
-    peak_tok_s,
-    per_token_gaps_s,
-    percentile,
-    summarize,
-)
 from b70ctl.files import WRITE_LIMITS, write_json_atomically, write_text_atomically
 from b70ctl.recipes.model import Recipe, Workload
 from b70ctl.report.model import (
@@ -53,6 +43,16 @@ from b70ctl.report.model import (
     Summary,
     ThroughputResult,
     WorkloadResult,
+)
+from b70ctl.report.stats import (
+    converged,
+    decode_tok_s,
+    delivery_check,
+    median,
+    peak_tok_s,
+    per_token_gaps_s,
+    percentile,
+    summarize,
 )
 
 Progress = Callable[[str], None]

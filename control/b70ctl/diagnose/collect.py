@@ -15,7 +15,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from itertools import chain
 from pathlib import Path
 from typing import Any, TextIO
@@ -261,8 +261,8 @@ def kernel_log_argv(window: tuple[datetime, datetime] | None, lines: int = KERNE
     argv = ["journalctl", "-k", "--no-pager", "--output", "short-iso"]
     if window is None:
         return argv + ["--lines", str(lines)]
-    start = window[0].astimezone(timezone.utc) - KERNEL_WINDOW_MARGIN
-    end = window[1].astimezone(timezone.utc) + KERNEL_WINDOW_MARGIN
+    start = window[0].astimezone(UTC) - KERNEL_WINDOW_MARGIN
+    end = window[1].astimezone(UTC) + KERNEL_WINDOW_MARGIN
     return argv + ["--since", start.strftime("%Y-%m-%d %H:%M:%S UTC"),
                    "--until", end.strftime("%Y-%m-%d %H:%M:%S UTC"), "--lines", str(lines)]
 
@@ -354,7 +354,7 @@ def ssh_runner(host: str, config_path: Path | None = None,
     except paramiko.SSHException as error:
         client.close()
         raise BadInput(f"ssh {host} ({target}): {error}: connect once with ssh to check the host key") from error
-    except (socket.gaierror, socket.timeout, OSError) as error:
+    except (TimeoutError, socket.gaierror, OSError) as error:
         client.close()
         reason = getattr(error, "strerror", None) or str(error) or error.__class__.__name__
         raise Unreachable(f"ssh {host} ({target}): unreachable ({reason}): check the name, the port and that sshd "

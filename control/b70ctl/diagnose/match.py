@@ -12,14 +12,25 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
 from importlib import import_module
+from itertools import accumulate
 from typing import Any
 
 from b70ctl.diagnose import context
 from b70ctl.diagnose.codes import codes_in
-from b70ctl.diagnose.model import (LINE_PLACEHOLDER, Catalogue, Contradiction, Diagnosis, LogContext, LogKind,
-                                   LogLine, Match, Pattern, Signature, UnknownFailure)
+from b70ctl.diagnose.model import (
+    LINE_PLACEHOLDER,
+    Catalogue,
+    Contradiction,
+    Diagnosis,
+    LogContext,
+    LogKind,
+    LogLine,
+    Match,
+    Pattern,
+    Signature,
+    UnknownFailure,
+)
 
 # The running Python's own regex parser and its opcodes (private modules without type stubs): read, never changed.
 sre_parser: Any = import_module("re._parser")

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-
-from b70ctl.report.stats import median
 from b70ctl.errors import BadInput
 from b70ctl.fleet import stats
+from b70ctl.fleet.collect import ClaimInfo, Collected, collect_directory, collect_files, cyclic_gc_paused, tool_version
 from b70ctl.fleet.model import (
-    USABLE,
     DRIFT_FIELDS,
+    USABLE,
     ClaimCount,
     ClaimLine,
     DiagnosedGroup,
@@ -39,10 +38,8 @@ from b70ctl.fleet.model import (
 )
 from b70ctl.recipes import load_recipe, recipe_names
 from b70ctl.recipes.model import Claim, Recipe
+from b70ctl.report.stats import median
 
-
-
-from b70ctl.fleet.collect import ClaimInfo, Collected, collect_directory, collect_files, cyclic_gc_paused, tool_version
 # ------------------------------------------------------------------------------------------------ duplicates
 
 

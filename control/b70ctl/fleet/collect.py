@@ -36,7 +36,6 @@ from b70ctl.report.load import MAX_REPORT_BYTES, LoadedReport, ReportProblem, re
 from b70ctl.report.model import Report
 
 
-
 @dataclass(frozen=True)
 class ClaimInfo:
     claim_id: str

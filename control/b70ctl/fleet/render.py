@@ -26,14 +26,15 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 from pydantic import TypeAdapter
 
+from b70ctl.escaping import Markdown, markdown_code, markdown_text
 from b70ctl.files import write_text_atomically
 from b70ctl.fleet import plots
 from b70ctl.fleet.collect import cyclic_gc_paused
 from b70ctl.fleet.layout import FLEET_JSON
 from b70ctl.fleet.model import (
-    USABLE,
     DRIFT_FIELDS,
     FIELD_LABELS,
+    USABLE,
     FieldValueEffect,
     FingerprintGroup,
     FleetReport,
@@ -42,7 +43,6 @@ from b70ctl.fleet.model import (
     RecipeFleet,
     WorkloadFigures,
 )
-from b70ctl.escaping import Markdown, markdown_code, markdown_text
 from b70ctl.redact import printable, redact_credentials, without_controls
 from b70ctl.report.markdown import efficiency_text
 from b70ctl.report.model import PEAK_LABEL

@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import TypeVar
 
-from b70ctl.report.stats import SIGMA_PER_MAD, mad, median, percentile
 from b70ctl.fleet.model import Distribution
+from b70ctl.report.stats import SIGMA_PER_MAD, mad, median, percentile
 
 # Iglewicz & Hoaglin: |modified z| > 3.5 marks an outlier, z = (x - median) / (MAD x SIGMA_PER_MAD).
 OUTLIER_THRESHOLD = 3.5

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import UTC
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -157,7 +158,7 @@ def fallback_command(
     """The serve gate's fallback from p2p to no-p2p: the record to keep at /etc/b70/ccl-fallback.json and the
     topology document to serve with ({"record", "topology"} with --json, and record_json and topology_json, the
     two files as the host package writes them). Exit 2 when the profile is not p2p."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from b70ctl.diagnose.catalogue import load_catalogue
     from b70ctl.files import read_json_object
@@ -176,7 +177,7 @@ def fallback_command(
     if document.get("profile") != "p2p":
         raise BadInput(f"--topology {topology_path}: the profile is {document.get('profile', 'missing')}, not p2p: "
                        "there is nothing to fall back from")
-    at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     record = fallback_record(document, signature, printable(evidence), at)
     fallen = apply_fallback(document, record)
     if as_json:

@@ -22,8 +22,8 @@ from b70ctl.lock.model import Lock, appliance_hash
 from b70ctl.models.record import ModelsRecord
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import Environment
-from b70ctl.serve.render import ServeCommand
 from b70ctl.serve.rehearsal import RecipeOverlay
+from b70ctl.serve.render import ServeCommand
 from b70ctl.serve.unit import ServedCommand
 
 

@@ -20,12 +20,25 @@ from pydantic import Field, SerializeAsAny
 from b70ctl.documents import Document, Pinned
 from b70ctl.host.firmware import firmware_fit
 from b70ctl.host.kernel import KernelPlan, kernel_at_least, kernel_plan
-from b70ctl.host_documents import FactsDocument
+from b70ctl.host.memory import (
+    GIB,
+    KV_CACHE_GIB_MIN,
+    CardFit,
+    Fit,
+    GpuCountFit,
+    RamFit,
+    card_fit,
+    gpu_count_fit,
+    host_vram_gib,
+    peer_mirror_gib,
+    ram_fit,
+    usable_gpus,
+)
 from b70ctl.host.releases import ReleaseMatrix, load_matrix, release_verdict
-from b70ctl.host.memory import (GIB, KV_CACHE_GIB_MIN, CardFit, Fit, GpuCountFit, RamFit, card_fit, gpu_count_fit,
-                                host_vram_gib, peer_mirror_gib, ram_fit, usable_gpus)
+from b70ctl.host_documents import FactsDocument
 from b70ctl.recipes.model import Recipe, site_env_problem
 from b70ctl.serve.unit import MODEL_STORE_DIR, SERVICE_USER
+
 
 class HostFit(Pinned):
     recipe: str

@@ -30,7 +30,7 @@ class CachedOverride(Pinned):
 
 
 def cached_guc_override(override: GucOverride, cache: Path) -> CachedOverride:
-    from debian.debfile import DebFile, DebError
+    from debian.debfile import DebError, DebFile
 
     from b70ctl.lock.debcache import fetch_pin
     from b70host.facts import parse_css_release_version

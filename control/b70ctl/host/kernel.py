@@ -30,7 +30,6 @@ from b70ctl.host.releases import GucOverride, Release, ReleaseMatrix, load_matri
 from b70ctl.recipes.model import Recipe
 from b70ctl.versions import version_at_least
 
-
 GUC_FILE = "xe/bmg_guc_70.bin"
 
 

@@ -14,8 +14,8 @@ from rich.console import Console
 
 from b70ctl.errors import BadInput, Unreachable
 from b70ctl.extras import require
-from b70ctl.image.documents import DIGEST_REFERENCE, ProvidedImage, ProvidedImages
 from b70ctl.image.build import BuildFailed, default_archive_dir, image_labels, plan_build, run_build, save_archive
+from b70ctl.image.documents import DIGEST_REFERENCE, ProvidedImage, ProvidedImages
 from b70ctl.image.patches import VendorPatch, check_series, load_series, sha256_file
 from b70ctl.lock.model import load_recipe_and_lock, require_resolved
 from b70ctl.lock.resolve import repository_root

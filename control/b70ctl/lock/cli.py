@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -20,16 +20,16 @@ app = typer.Typer(no_args_is_help=True, help="The lock: what each recipe resolve
 console = Console(stderr=True)
 
 RecipeOption = Annotated[str, typer.Option("--recipe", help="Recipe name or path to a recipe file")]
-MaybeRecipeOption = Annotated[Optional[str], typer.Option("--recipe", help="Recipe name or path to a recipe file")]
+MaybeRecipeOption = Annotated[str | None, typer.Option("--recipe", help="Recipe name or path to a recipe file")]
 HostPackagesOption = Annotated[bool, typer.Option(
     "--host-packages", help="The host package lock (every .deb the roles install) instead of a recipe's lock")]
-PackagesLockOption = Annotated[Optional[Path], typer.Option(
+PackagesLockOption = Annotated[Path | None, typer.Option(
     "--packages-lock", help="Host package lock file (default: control/b70ctl/host/packages.lock.json)")]
-SeriesOption = Annotated[Optional[list[str]], typer.Option(
+SeriesOption = Annotated[list[str] | None, typer.Option(
     "--series", help="Release codename (repeat for several); default: every release of the package set")]
-GroupOption = Annotated[Optional[list[str]], typer.Option(
+GroupOption = Annotated[list[str] | None, typer.Option(
     "--group", help="kernel, gpu_runtime or container_engine (repeat); default: every group the lock has")]
-LockOption = Annotated[Optional[Path], typer.Option("--lock", help="Lock file (default: beside the recipe)")]
+LockOption = Annotated[Path | None, typer.Option("--lock", help="Lock file (default: beside the recipe)")]
 
 
 
@@ -38,11 +38,11 @@ def resolve_command(
     recipe: MaybeRecipeOption = None,
     lock: LockOption = None,
     host_packages: HostPackagesOption = False,
-    package_set: Annotated[Optional[Path], typer.Option(
+    package_set: Annotated[Path | None, typer.Option(
         "--package-set", help="Package set (YAML or JSON) to resolve instead of the release matrix's")] = None,
     packages_lock: PackagesLockOption = None,
     series: SeriesOption = None,
-    registry_url: Annotated[Optional[str], typer.Option(
+    registry_url: Annotated[str | None, typer.Option(
         "--registry-url", help="Ask this registry base URL for every image (mirror; tests)")] = None,
     offline: Annotated[bool, typer.Option(
         "--offline", help="Ask no hub or registry: pin local inputs, keep unchanged network pins")] = False,
@@ -113,28 +113,28 @@ def check_command(
     lock: LockOption = None,
     host_packages: HostPackagesOption = False,
     packages_lock: PackagesLockOption = None,
-    series: Annotated[Optional[str], typer.Option("--series", help="Release codename of the host")] = None,
+    series: Annotated[str | None, typer.Option("--series", help="Release codename of the host")] = None,
     group: GroupOption = None,
-    installed: Annotated[Optional[str], typer.Option(
+    installed: Annotated[str | None, typer.Option(
         "--installed", help="The host's dpkg-query --show output (FILE, or - for stdin), format "
                             "'${db:Status-Abbrev} ${Package} ${Version} ${Architecture}'")] = None,
-    host_state: Annotated[Optional[str], typer.Option(
+    host_state: Annotated[str | None, typer.Option(
         "--host-state", help="Instead of --installed: a JSON object (FILE, or - for stdin) with 'dpkg' (that "
                              "output) and 'apt_policy' (apt-cache policy of the packages newer than the lock)")]
         = None,
-    hold: Annotated[Optional[list[str]], typer.Option(
+    hold: Annotated[list[str] | None, typer.Option(
         "--hold", help="A package the host keeps at exactly its locked version (repeat); every other locked "
                        "package takes its release's security and stable updates")] = None,
     host: Annotated[str, typer.Option("--host", help="Host name for the message")] = "host",
     host_dir: Annotated[str, typer.Option("--host-dir", help="Where the .debs go on the host (install paths)")]
         = "/var/cache/b70/debs",
-    models_dir: Annotated[Optional[Path], typer.Option(
+    models_dir: Annotated[Path | None, typer.Option(
         "--models-dir", help="Directory holding target/ and drafter/ (as b70ctl model fetch writes it)")] = None,
-    target_dir: Annotated[Optional[Path], typer.Option("--target-dir", help="The target's directory")] = None,
-    drafter_dir: Annotated[Optional[Path], typer.Option("--drafter-dir", help="The drafter's directory")] = None,
-    image_digest: Annotated[Optional[str], typer.Option(
+    target_dir: Annotated[Path | None, typer.Option("--target-dir", help="The target's directory")] = None,
+    drafter_dir: Annotated[Path | None, typer.Option("--drafter-dir", help="The drafter's directory")] = None,
+    image_digest: Annotated[str | None, typer.Option(
         "--image-digest", help="Digest of the installed image (pulled images)")] = None,
-    image_base_digest: Annotated[Optional[str], typer.Option(
+    image_base_digest: Annotated[str | None, typer.Option(
         "--image-base-digest", help="Base digest label of the installed image (built images)")] = None,
     as_json: JsonOption = False,
 ) -> None:

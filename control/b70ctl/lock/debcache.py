@@ -180,7 +180,7 @@ def _fetch_pin_locked(pin: Fetchable, cache: Path, final: Path) -> tuple[Path, b
             raise BadInput(f"{pin.filename}: cannot fetch {pin.url} ({error}); the lock still names it: fetch it "
                            "where the source is reachable, or copy it into the cache as "
                            f"{final.relative_to(cache)}") from None
-        except Exception as error:  # httpx's transport errors
+        except Exception as error:  # noqa: BLE001 httpx's transport errors, whatever their class
             raise BadInput(f"{pin.filename}: cannot fetch {pin.url} ({type(error).__name__}: {error}): fetch it "
                            "where the source is reachable") from None
     actual = _sha256_of(partial)

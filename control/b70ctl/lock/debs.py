@@ -287,7 +287,7 @@ def resolve_series(fetch: Fetch, one: SeriesSet, previous: SeriesLock | None) ->
 
 def resolve_package_set(fetch: Fetch, package_set: PackageSet, previous: HostPackageLock | None,
                         only: list[str] | None = None,
-                        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)
+                        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
                         ) -> HostPackageLock:
     """A new lock; releases not in `only` keep their previous pins unchanged."""
     series: dict[str, SeriesLock] = {}

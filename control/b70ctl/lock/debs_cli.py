@@ -10,7 +10,6 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from b70ctl.options import print_json
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import MAX_DOCUMENT_BYTES, read_bounded, read_bounded_stdin, read_yaml_mapping
 from b70ctl.lock.debcache import (
@@ -25,6 +24,7 @@ from b70ctl.lock.debcache import (
 )
 from b70ctl.lock.debs import resolve_package_set
 from b70ctl.lock.debs_model import GROUPS, Group, PackageSet, SeriesLock
+from b70ctl.options import print_json
 
 out = Console(highlight=False, markup=False, soft_wrap=True)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -30,7 +30,7 @@ class FetchSource(str, Enum):
     local = "local"  # a directory holding target/ and drafter/
 
 RecipeOption = Annotated[str, typer.Option("--recipe", help="Recipe name or path to a recipe file")]
-LockOption = Annotated[Optional[Path], typer.Option("--lock", help="Lock file (default: beside the recipe)")]
+LockOption = Annotated[Path | None, typer.Option("--lock", help="Lock file (default: beside the recipe)")]
 JsonOption = Annotated[bool, json_option("Print JSON (with `changed`)")]
 
 
@@ -63,7 +63,7 @@ def fetch_command(
     recipe: RecipeOption,
     dest: Annotated[Path, typer.Option("--dest", help="Directory to hold target/ and drafter/")],
     source: Annotated[str, choice_option(FetchSource, "--source", "Where the files come from")] = "hub",
-    source_dir: Annotated[Optional[Path], typer.Option(
+    source_dir: Annotated[Path | None, typer.Option(
         "--source-dir", help="The cache (Hugging Face cache layout) or local directory (target/, drafter/)")] = None,
     lock: LockOption = None,
     as_json: JsonOption = False,
@@ -106,11 +106,11 @@ def cache_command(
 def convert_command(
     src: Annotated[Path, typer.Argument(help="The drafter as downloaded")],
     dst: Annotated[Path, typer.Argument(help="Where to write the servable drafter (same filesystem as SRC)")],
-    target: Annotated[Optional[Path], typer.Option(
+    target: Annotated[Path | None, typer.Option(
         "--target", help="The target model's directory (default: SRC/../target, the fetch layout)")] = None,
-    vllm_version: Annotated[Optional[str], typer.Option(
+    vllm_version: Annotated[str | None, typer.Option(
         "--vllm-version", help="vLLM that will serve it (default: the recipe's)")] = None,
-    recipe: Annotated[Optional[str], typer.Option("--recipe", help="Recipe: default vLLM version, "
+    recipe: Annotated[str | None, typer.Option("--recipe", help="Recipe: default vLLM version, "
                                                   "and the source revision from its lock")] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -172,7 +172,7 @@ def stage_command(
     dest_root: Annotated[Path, typer.Option("--dest-root", help="The controller's model cache: each recipe's "
                                                                 "models go into DEST_ROOT/<recipe name>")],
     source: Annotated[str, choice_option(FetchSource, "--source", "Where the files come from")] = "hub",
-    source_dir: Annotated[Optional[Path], typer.Option(
+    source_dir: Annotated[Path | None, typer.Option(
         "--source-dir", help="The cache (Hugging Face cache layout) or local directory (target/, drafter/)")] = None,
     as_json: Annotated[bool, json_option("Print the staged models as JSON, keyed by RECIPE as given")] = False,
 ) -> None:

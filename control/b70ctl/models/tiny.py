@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from b70ctl.files import read_own_json_object
+
 # The spec and the generator version are the recipe's (recipes/tiny.py), named here beside what they make.
 from b70ctl.recipes.tiny import GENERATOR_VERSION as GENERATOR_VERSION
 from b70ctl.recipes.tiny import TinySpec as TinySpec
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 # Qwen's chat format, trimmed to what a tiny model needs: role headers and an end-of-turn token.

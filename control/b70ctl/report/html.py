@@ -8,7 +8,6 @@ per-position claims. Every string from the report is escaped: a host name or an 
 from __future__ import annotations
 
 from b70ctl.escaping import html_text as escape
-
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.markdown import (
     GATE_EXPLAINED,

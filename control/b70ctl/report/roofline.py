@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import statistics
 
-from b70ctl.report.stats import median
 from b70ctl.recipes.model import Recipe
 from b70ctl.report.model import (
     Environment,
@@ -30,6 +29,7 @@ from b70ctl.report.model import (
     WorkloadResult,
     WorkloadRoofline,
 )
+from b70ctl.report.stats import median
 
 B70_BANDWIDTH_BYTES_PER_S = 608e9
 B70_BANDWIDTH_SOURCE = 'Arc Pro B70: about 608 GB/s per card (docs/facts.md, "Hardware")'

@@ -10,6 +10,7 @@ binomial order statistics, so no normality is assumed for a handful of noisy run
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Protocol
@@ -82,7 +83,7 @@ def per_token_gaps_s(chunks: Iterable[TimedChunk | tuple[float, int]]) -> list[f
                       for c in chunks)
     arrivals = [(t_s, count) for t_s, count in arrivals if count > 0]
     gaps: list[float] = []
-    for (previous_s, _), (t_s, count) in zip(arrivals, arrivals[1:], strict=False):
+    for (previous_s, _), (t_s, count) in itertools.pairwise(arrivals):
         gaps += [(t_s - previous_s) / count] * count
     return gaps
 

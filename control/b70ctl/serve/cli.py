@@ -15,15 +15,28 @@ from pydantic import ValidationError
 from b70ctl.errors import BadInput, first_problem
 from b70ctl.files import parse_json
 from b70ctl.host_documents import TopologyDocument, load_topology
+from b70ctl.models.record import ModelsRecord, parse_models_record
 from b70ctl.options import json_option
 from b70ctl.recipes import load_recipe
 from b70ctl.recipes.model import Recipe, env_problem, site_env_problem
 from b70ctl.serve.rehearsal import RecipeOverlay, apply_overlay, recipe_overlay, replacements_only
-from b70ctl.serve.render import (DEFAULT_COMPILE_CACHE_DIR, DEFAULT_NEO_CACHE_MAX_BYTES, ServeCommand, ServeContext,
-                                 render_container)
-from b70ctl.models.record import ModelsRecord, parse_models_record
-from b70ctl.serve.unit import (CONTAINER_MODELS_DIR, SERVICE_USER, SYSTEMD_DIR, HostServer, HostUnits,
-                               ServingContainer, serve_unit, unit_file_text)
+from b70ctl.serve.render import (
+    DEFAULT_COMPILE_CACHE_DIR,
+    DEFAULT_NEO_CACHE_MAX_BYTES,
+    ServeCommand,
+    ServeContext,
+    render_container,
+)
+from b70ctl.serve.unit import (
+    CONTAINER_MODELS_DIR,
+    SERVICE_USER,
+    SYSTEMD_DIR,
+    HostServer,
+    HostUnits,
+    ServingContainer,
+    serve_unit,
+    unit_file_text,
+)
 
 app = typer.Typer(no_args_is_help=True, help="The vLLM serve command, rendered from recipe and host facts.")
 

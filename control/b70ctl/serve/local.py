@@ -21,7 +21,6 @@ import httpx
 from b70ctl.errors import BadInput
 from b70ctl.serve.render import ServeCommand
 
-
 # Ports this process has handed out: two servers started together never get the same one.
 _HANDED_OUT: set[int] = set()
 

@@ -55,11 +55,11 @@ def tune_command(
 
     Exit 0 when a result was written, 1 when no candidate passed greedy correctness, 2 on bad input, 143 when
     stopped by SIGTERM (130 by Ctrl-C): a re-run resumes."""
-    from b70ctl.verify.embedded import default_cache_dir, ensure_models
     from b70ctl.recipes import load_recipe
     from b70ctl.tune.render import write_tune_outputs
     from b70ctl.tune.run import Entrant, run_race
     from b70ctl.tune.serving import LocalServing
+    from b70ctl.verify.embedded import default_cache_dir, ensure_models
 
     if budget_requests is not None and budget_requests < 1:
         raise BadInput(f"--budget-requests {budget_requests}: give the most requests the tune may measure, above 0")
@@ -85,8 +85,8 @@ def tune_command(
     def progress(message: str) -> None:
         console.print(f"[cyan]tune:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
-    from b70ctl.tune.state import STATE_FILE
     from b70ctl.stops import Terminated, sigterm_ends_the_run
+    from b70ctl.tune.state import STATE_FILE
 
     try:
         # SIGTERM (systemd, Ansible) unwinds like Ctrl-C: the servers started are stopped (the appliance's unit

@@ -12,6 +12,7 @@ from pydantic import Field
 from b70ctl.documents import Document as _Model
 from b70ctl.documents import Pinned
 from b70ctl.report.model import RooflineInput
+
 # The applied tune's document is serve's to read (serve/tuned.py); the tune writes it.
 from b70ctl.serve.tuned import TunedSettings as TunedSettings
 from b70ctl.serve.tuned import Value as Value

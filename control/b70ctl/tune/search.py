@@ -17,8 +17,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from b70ctl.report.stats import mad, median
 from b70ctl.errors import BadInput
+from b70ctl.report.stats import mad, median
 from b70ctl.tune.model import Candidate, Figures, Measurement, Round
 from b70ctl.tune.score import robust_score
 from b70ctl.tune.state import TuneState

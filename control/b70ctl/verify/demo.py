@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from b70ctl.checks.client import Endpoint
-from b70ctl.verify.embedded import RECIPE, default_cache_dir, ensure_models, start_servers
 from b70ctl.errors import BadInput
 from b70ctl.recipes import load_recipe
 from b70ctl.report.model import Report
+from b70ctl.verify.embedded import RECIPE, default_cache_dir, ensure_models, start_servers
 from b70ctl.verify.pipeline import VerifyRequest, verify
 
 

@@ -298,7 +298,7 @@ def _close_unfinished(report: Report, recipe: Recipe, writer: ReportWriter, reas
 BASELINE_PROBE_TOKENS = 8
 
 
-class BaselineUnchecked(Exception):  # noqa: N818 - a finding, named for what it says
+class BaselineUnchecked(Exception):
     """Both servers answer /metrics, but with counters that are no count (NaN, a series twice): whether the baseline
     is a separate target-only server cannot be told. Correctness is then not judged; the rest of the run goes on."""
 

@@ -24,7 +24,8 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 DOCUMENTATION = r"""
 module: b70_model_dir

@@ -17,6 +17,7 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+
 def initial_environment() -> dict[str, str]:
     """The environment exactly as the process was started with: Python itself adds LC_CTYPE to os.environ when
     it coerces a C locale (PEP 538), so the kernel's copy is read instead."""
@@ -63,7 +64,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(401, json.dumps({"error": "Unauthorized"}).encode())
         return False
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/health":
             self._send(200, b"")
@@ -80,7 +81,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, json.dumps({"detail": "Not Found"}).encode())
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's signature)
+    def log_message(self, format: str, *args: object) -> None:
         sys.stderr.write("recorder: " + (format % args) + "\n")
 
 
