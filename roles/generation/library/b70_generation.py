@@ -182,7 +182,7 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     if state == "record":
         document["stages"][stage] = {
             "digest": params["digest"], "state": now,
-            "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+            "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         if not check_mode:
             save(store, document)
         # Bookkeeping of what the stage did, not a change of its own.
