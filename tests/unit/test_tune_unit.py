@@ -688,3 +688,23 @@ def test_a_unit_needs_its_image_environment_and_model_store():
                                  "--env", "SITE=a\nEVIL=1"])
     assert isinstance(broken.exception, BadInput)
     assert "--env SITE: the value holds a line break" in str(broken.exception)
+
+
+def test_the_race_directory_the_role_writes_is_the_one_tune_reads() -> None:
+    """roles/vllm_serve/tasks/race_install.yml writes a raced recipe's records where SystemdUnitServing.race_dir
+    looks for them, for a site's own b70_etc_dir too: the path is rendered from the role's template, not restated."""
+    import jinja2
+    import yaml
+
+    tasks = yaml.safe_load((REPO / "roles/vllm_serve/tasks/race_install.yml").read_text())
+    named = next(task for task in tasks if task["name"] == "Name the raced recipe's directory of records")
+    template = named["ansible.builtin.set_fact"]["vllm_serve_race_dir"]
+    recipe = load_recipe("cpu-tiny-ngram")
+    for etc_dir in ("/etc/b70", "/srv/site/b70"):
+        rendered = jinja2.Template(template).render(b70_etc_dir=etc_dir,
+                                                    vllm_serve_race_check={"spec": {"name": recipe.name}})
+        host = ApplianceHost(name="b70-1", etc_dir=etc_dir)
+        assert rendered == SystemdUnitServing(RECIPE, host, LocalShell(become=False)).race_dir(recipe)
+    writes = [task for task in tasks for module in ("dspark_image", "model_store")
+              if task.get("ansible.builtin.include_role", {}).get("name") == module]
+    assert all(task["vars"]["b70_etc_dir"] == "{{ vllm_serve_race_dir }}" for task in writes) and len(writes) == 2
